@@ -1,0 +1,72 @@
+// The bucket plan: which leaves travel together in which message. Pure data, no MPI, so it can be
+// tested and fuzzed on its own; every rank builds the same plan from the same agreed layout.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tensordict/dtype.hpp"
+#include "tensordict/export.hpp"
+#include "tensordict/tensor.hpp"
+
+namespace td {
+
+/// What the plan knows of one leaf: only what every rank must agree on.
+struct TD_API LeafLayout {
+  DType dtype = DType::Float32;  ///< element type
+  Shape shape;                   ///< sizes (the dense shape for a sparse leaf)
+  bool contiguous = true;        ///< dense row-major (only such leaves are packed together)
+  bool sparse = false;           ///< a sparse COO leaf (never packed)
+  /// Index (in canonical order) of an earlier leaf viewing exactly the same elements, or -1.
+  std::int64_t alias_of = -1;
+
+  /// Size of the leaf's elements in bytes.
+  std::size_t nbytes() const;
+  /// Equality of every field.
+  bool operator==(const LeafLayout&) const = default;
+};
+
+/// Leaves grouped into buckets: one collective (split into messages) per bucket.
+struct TD_API BucketPlan {
+  /// One leaf's place in a bucket's buffer.
+  struct Slot {
+    std::size_t leaf = 0;    ///< index into the canonical leaf list
+    std::size_t offset = 0;  ///< byte offset in the bucket's buffer
+    std::size_t nbytes = 0;  ///< bytes of the leaf
+  };
+  /// Leaves of one dtype sent as one buffer.
+  struct Bucket {
+    DType dtype = DType::Float32;  ///< dtype of every slot
+    std::size_t nbytes = 0;        ///< sum of the slots' bytes
+    std::vector<Slot> slots;       ///< in canonical order, back to back
+    bool strided = false;          ///< a single non-contiguous leaf (copied through a strided pack)
+  };
+
+  /// The cap the plan was built with (nullopt: one bucket per leaf).
+  std::optional<std::size_t> cap;
+  /// Largest message in bytes: buckets larger than this are sent in several messages.
+  std::size_t max_message_bytes = 0;
+  /// Buckets in the order of their first leaf.
+  std::vector<Bucket> buckets;
+  /// Sparse leaves, each reduced on its own (never packed).
+  std::vector<std::size_t> sparse_leaves;
+  /// Leaves skipped: empty (no elements) or aliases of an earlier leaf.
+  std::vector<std::size_t> skipped_leaves;
+
+  /// Builds the plan. `cap` nullopt: one bucket per leaf; otherwise buckets hold contiguous dense
+  /// leaves of one dtype, in canonical order, totalling at most *cap bytes (a larger leaf is a
+  /// bucket of its own). `max_message_bytes` 0 picks max(*cap, 1 MiB) (unlimited without a cap);
+  /// a message never exceeds INT_MAX elements.
+  static BucketPlan build(const std::vector<LeafLayout>& leaves, std::optional<std::size_t> cap,
+                          std::size_t max_message_bytes = 0);
+  /// Checks the invariants (every byte of every packable leaf in exactly one bucket, the cap,
+  /// canonical order, one dtype per bucket); returns an empty string or what is wrong.
+  std::string check(const std::vector<LeafLayout>& leaves) const;
+  /// A human-readable summary: one line per bucket (dtype, bytes, leaves).
+  std::string describe() const;
+};
+
+}  // namespace td

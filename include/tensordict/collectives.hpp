@@ -1,0 +1,61 @@
+// Collectives on one tensor (torch.distributed.reduce / all_reduce / broadcast) and the options
+// shared with the TensorDict collectives.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <limits>
+#include <optional>
+#include <string_view>
+
+#include "tensordict/dtype.hpp"
+#include "tensordict/export.hpp"
+#include "tensordict/process_group.hpp"
+#include "tensordict/tensor.hpp"
+#include "tensordict/work.hpp"
+
+namespace td {
+
+/// Reduction operations, as torch.distributed.ReduceOp. AVG is SUM followed by a division.
+enum class ReduceOp { SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR, BXOR };
+
+/// "SUM", "PRODUCT", ...
+TD_API std::string_view name(ReduceOp op);
+/// Whether `op` is defined on `dtype` (see docs/collectives.md for the table).
+TD_API bool supports(ReduceOp op, DType dtype);
+
+/// bucket_bytes value that asks for the size tuned on this machine and group.
+inline constexpr std::size_t kAutoBucketBytes = std::numeric_limits<std::size_t>::max();
+
+/// Options of every collective.
+struct CollectiveOptions {
+  /// Default: world().
+  std::optional<ProcessGroup> group = std::nullopt;
+  /// Return pending Works instead of waiting.
+  bool async_op = false;
+  /// TensorDict only. nullopt: one collective per leaf; kAutoBucketBytes: tuned on this machine.
+  std::optional<std::size_t> bucket_bytes = std::nullopt;
+  /// Default: InitOptions::timeout.
+  std::optional<std::chrono::milliseconds> timeout = std::nullopt;
+};
+
+/// Reduces `t` across the group into rank `dst` (in place); other ranks' `t` is unspecified.
+TD_API Work reduce(Tensor& t, int dst, ReduceOp op = ReduceOp::SUM,
+                   const CollectiveOptions& opts = {});
+/// Reduces `t` across the group into every rank (in place).
+TD_API Work all_reduce(Tensor& t, ReduceOp op = ReduceOp::SUM, const CollectiveOptions& opts = {});
+/// Copies rank `src`'s `t` into every rank's `t` (same shape and dtype everywhere).
+TD_API Work broadcast(Tensor& t, int src, const CollectiveOptions& opts = {});
+
+/// Diagnostics of the bucketing packer, for benchmarks and tuning.
+struct PackerStats {
+  std::size_t peak_extra_bytes = 0;  ///< largest pack buffer one call held at once
+  std::uint64_t plan_hits = 0;       ///< collectives that reused a cached bucket plan
+  std::uint64_t plan_misses = 0;     ///< collectives that built a plan
+};
+/// The counters since the last reset_packer_stats() (this process only).
+TD_API PackerStats packer_stats();
+/// Zeroes the counters.
+TD_API void reset_packer_stats();
+
+}  // namespace td

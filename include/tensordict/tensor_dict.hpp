@@ -1,0 +1,126 @@
+// td::TensorDict: a nested, insertion-ordered, string-keyed map of tensors with a batch size,
+// and its collectives (bucketed over MPI).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "tensordict/collectives.hpp"
+#include "tensordict/key.hpp"
+#include "tensordict/tensor.hpp"
+#include "tensordict/work.hpp"
+
+namespace td {
+
+namespace detail {
+struct DictAccess;
+}
+
+/// A nested map from names to Tensors or TensorDicts. Leaves' leading dimensions must match
+/// batch_size(). Copies share the tensors' storage but not the structure; clone() copies data.
+class TD_API TensorDict {
+ public:
+  /// An empty dict whose leaves must all start with `batch_size`.
+  explicit TensorDict(Shape batch_size = {});
+  ~TensorDict();
+  TensorDict(const TensorDict& other);
+  TensorDict& operator=(const TensorDict& other);
+  TensorDict(TensorDict&& other) noexcept;
+  TensorDict& operator=(TensorDict&& other) noexcept;
+
+  /// Stores `value` at `key`, creating intermediate dicts; throws if its shape does not start
+  /// with batch_size().
+  TensorDict& set(const Key& key, Tensor value);
+  /// Stores a sub-dict at `key`; its batch size must start with batch_size().
+  TensorDict& set(const Key& key, TensorDict value);
+  /// The leaf at `key`; throws td::KeyError naming the full path.
+  Tensor& get(const Key& key);
+  /// The leaf at `key`; throws td::KeyError naming the full path.
+  const Tensor& get(const Key& key) const;
+  /// The sub-dict at `key`; throws td::KeyError naming the full path.
+  TensorDict& get_dict(const Key& key);
+  /// The sub-dict at `key`; throws td::KeyError naming the full path.
+  const TensorDict& get_dict(const Key& key) const;
+  /// Whether `key` names a leaf or a sub-dict.
+  bool contains(const Key& key) const;
+  /// Whether `key` names a sub-dict.
+  bool is_dict(const Key& key) const;
+  /// Removes the entry at `key` (leaf or sub-dict); throws td::KeyError if absent.
+  TensorDict& erase(const Key& key);
+  /// Keys in insertion order; nested keys follow their dict's key when include_nested.
+  std::vector<Key> keys(bool include_nested = false, bool leaves_only = false) const;
+  /// Every leaf with its full key, in insertion order (depth first).
+  std::vector<std::pair<Key, Tensor>> items() const;
+  /// Every leaf with its full key, sorted by key: the order every collective walks.
+  std::vector<std::pair<Key, Tensor>> canonical_leaves() const;
+  /// Number of direct entries (leaves and sub-dicts).
+  std::size_t size() const;
+  /// Whether there is no entry at all.
+  bool empty() const;
+  /// The leading dimensions every leaf shares.
+  const Shape& batch_size() const;
+
+  /// A deep copy (every leaf cloned).
+  TensorDict clone() const;
+  /// A new dict with fn applied to every leaf (same structure and batch size).
+  TensorDict apply(const std::function<Tensor(const Tensor&)>& fn) const;
+  /// A one-level dict whose keys are the nested paths joined by `sep`.
+  TensorDict flatten_keys(const std::string& sep = ".") const;
+  /// The inverse of flatten_keys: splits every key at `sep` into a nested path.
+  TensorDict unflatten_keys(const std::string& sep = ".") const;
+  /// A new dict with only the given keys (sharing storage); throws td::KeyError if one is absent.
+  TensorDict select(const std::vector<Key>& keys) const;
+  /// A new dict without the given keys (sharing storage); absent keys are ignored.
+  TensorDict exclude(const std::vector<Key>& keys) const;
+  /// Sets every leaf of `other` into this dict (overwriting existing entries).
+  TensorDict& update(const TensorDict& other);
+  /// Sets every leaf to zero in place.
+  TensorDict& zero_();
+  /// Moves every dense leaf of one dtype into one contiguous storage, in canonical order; leaves
+  /// become views into it, so bucketed collectives run on that storage without copies.
+  TensorDict& consolidate();
+  /// Same keys (any insertion order), same batch size, and equal() leaves.
+  bool equal(const TensorDict& other) const;
+  /// Same as equal().
+  friend bool operator==(const TensorDict& a, const TensorDict& b) { return a.equal(b); }
+
+  /// Reduces every leaf across the group into every rank. Returns the pending Works when
+  /// opts.async_op, else an empty vector (everything done).
+  std::vector<Work> all_reduce(ReduceOp op = ReduceOp::SUM, const CollectiveOptions& opts = {});
+  /// Reduces every leaf into rank `dst`; other ranks' leaves are left unspecified.
+  std::vector<Work> reduce(int dst, ReduceOp op = ReduceOp::SUM,
+                           const CollectiveOptions& opts = {});
+  /// Copies every leaf of rank `src` into every rank's dict (same layout on every rank).
+  std::vector<Work> broadcast(int src, const CollectiveOptions& opts = {});
+  /// Sends every leaf to rank `dst`, whose matching recv() holds the same layout.
+  std::vector<Work> send(int dst, const CollectiveOptions& opts = {});
+  /// Receives every leaf from rank `src` into this dict, which holds the sender's layout.
+  std::vector<Work> recv(int src, const CollectiveOptions& opts = {});
+  /// Every rank's dict: [r] is rank r's.
+  std::vector<TensorDict> all_gather(const CollectiveOptions& opts = {}) const;
+  /// Every rank's dict on `dst` ([r] is rank r's); an empty vector on other ranks.
+  std::vector<TensorDict> gather(int dst, const CollectiveOptions& opts = {}) const;
+  /// On src, parts[r] goes to rank r; every rank's *this already holds the layout of one part.
+  std::vector<Work> scatter(int src, const std::vector<TensorDict>& parts,
+                            const CollectiveOptions& opts = {});
+  /// Every leaf's first dimension split evenly across the group; returns this rank's reduced shard.
+  TensorDict reduce_scatter(ReduceOp op = ReduceOp::SUM, const CollectiveOptions& opts = {}) const;
+
+ private:
+  friend struct detail::DictAccess;
+  struct Impl;
+  Impl& impl();
+  const Impl& impl() const;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Prints the dict's structure: keys, shapes and dtypes.
+TD_API std::string to_string(const TensorDict& d);
+/// Prints like to_string().
+TD_API std::ostream& operator<<(std::ostream& os, const TensorDict& d);
+
+}  // namespace td

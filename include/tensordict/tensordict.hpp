@@ -1,0 +1,13 @@
+// The umbrella header: everything in namespace td.
+#pragma once
+
+#include "tensordict/bucket_plan.hpp"
+#include "tensordict/collectives.hpp"
+#include "tensordict/dtype.hpp"
+#include "tensordict/errors.hpp"
+#include "tensordict/key.hpp"
+#include "tensordict/process_group.hpp"
+#include "tensordict/tensor.hpp"
+#include "tensordict/tensor_dict.hpp"
+#include "tensordict/version.hpp"
+#include "tensordict/work.hpp"

@@ -1,0 +1,44 @@
+// td::Work: the handle of one pending (or completed) operation, like torch's Work / async handle.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "tensordict/export.hpp"
+
+namespace td {
+
+namespace detail {
+class WorkState;
+}
+
+/// Move-only handle of one operation. The operation's buffers and tensors live in it until it
+/// completes; destroying a pending Work waits for it (errors are then printed, not thrown).
+class TD_API Work {
+ public:
+  /// A completed no-op.
+  Work();
+  /// Internal: wraps a pending state.
+  explicit Work(std::shared_ptr<detail::WorkState> state);
+  ~Work();
+  Work(Work&& other) noexcept;
+  Work& operator=(Work&& other) noexcept;
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+
+  /// Blocks until done (copying bucketed results back into the leaves); rethrows the operation's
+  /// error, td::TimeoutError after the operation's timeout. Calling it again returns at once.
+  void wait();
+  /// Non-blocking check; finishes the operation (copy-back included) when MPI has completed it.
+  bool is_completed();
+
+ private:
+  std::shared_ptr<detail::WorkState> state_;
+};
+
+/// Waits for every Work in order; rethrows the first error after waiting for all of them.
+TD_API void wait_all(std::vector<Work>& works);
+
+}  // namespace td

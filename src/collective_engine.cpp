@@ -1,0 +1,598 @@
+#include "collective_engine.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <numeric>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "config.hpp"
+#include "log.hpp"
+
+namespace td {
+
+namespace detail {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  return h * 0xff51afd7ed558ccdull;
+}
+
+std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+std::string leaf_str(const LeafLayout& l, std::span<const LeafRef> leaves) {
+  std::string s = fmt::format("{}{}", name(l.dtype), shape_str(l.shape));
+  if (l.sparse) s += " sparse";
+  if (!l.contiguous && !l.sparse) s += " non-contiguous";
+  if (l.alias_of >= 0) s += fmt::format(" alias of '{}'", leaves[static_cast<std::size_t>(l.alias_of)].key->str());
+  return s;
+}
+
+std::string cap_str(std::optional<std::size_t> cap) {
+  if (!cap) return "none";
+  if (*cap == kAutoBucketBytes) return "auto";
+  return std::to_string(*cap);
+}
+
+// ---- local analysis of the leaves --------------------------------------------------------
+
+struct Analysis {
+  std::vector<LeafLayout> layout;
+  std::string arg_error;       // first bad argument found on this rank ("" if none)
+  std::uint64_t layout_hash = 0;  // keys + layouts: the plan cache key
+};
+
+void note_error(std::string& err, std::string msg) {
+  if (err.empty()) err = std::move(msg);
+}
+
+// Element offsets (in bytes from the storage start) of a strided view, sorted.
+std::vector<std::int64_t> element_offsets(const Tensor& t) {
+  std::vector<std::int64_t> out;
+  const auto isz = static_cast<std::int64_t>(itemsize(t.dtype()));
+  const Shape& shape = t.shape();
+  const Shape& strides = t.strides();
+  std::vector<std::int64_t> idx(shape.size(), 0);
+  const std::int64_t base = TensorAccess::byte_offset(t);
+  for (std::int64_t n = 0, total = t.numel(); n < total; ++n) {
+    std::int64_t off = 0;
+    for (std::size_t k = 0; k < shape.size(); ++k) off += idx[k] * strides[k];
+    out.push_back(base + off * isz);
+    for (std::size_t k = shape.size(); k-- > 0;) {
+      if (++idx[k] < shape[k]) break;
+      idx[k] = 0;
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Finds keys that view the same elements (reduced once: later ones become aliases) and rejects
+// keys whose views overlap without being identical.
+void find_aliases(std::span<const LeafRef> leaves, Analysis& a) {
+  struct Extent {
+    const Storage* storage;
+    std::int64_t lo, hi;
+    std::size_t leaf;
+  };
+  std::vector<Extent> ext;
+  for (std::size_t i = 0; i < leaves.size(); ++i) {
+    const Tensor& t = *leaves[i].tensor;
+    if (!t.defined() || t.is_sparse() || t.numel() == 0) continue;
+    if (TensorAccess::storage_use_count(t) < 2) continue;  // nobody else holds this storage
+    const auto isz = static_cast<std::int64_t>(itemsize(t.dtype()));
+    std::int64_t span = 0;
+    for (std::size_t k = 0; k < t.shape().size(); ++k) span += (t.shape()[k] - 1) * t.strides()[k];
+    const std::int64_t lo = TensorAccess::byte_offset(t);
+    ext.push_back({TensorAccess::storage(t), lo, lo + (span + 1) * isz, i});
+  }
+  if (ext.size() < 2) return;
+  auto by_place = [](const Extent& x, const Extent& y) {
+    return std::tie(x.storage, x.lo, x.leaf) < std::tie(y.storage, y.lo, y.leaf);
+  };
+  if (!std::is_sorted(ext.begin(), ext.end(), by_place)) std::sort(ext.begin(), ext.end(), by_place);
+  std::vector<std::size_t> active;  // earlier extents of this storage that may reach the current one
+  for (std::size_t e = 0; e < ext.size(); ++e) {
+    if (e > 0 && ext[e].storage != ext[e - 1].storage) active.clear();
+    const Extent& cur = ext[e];
+    std::erase_if(active, [&](std::size_t p) { return ext[p].hi <= cur.lo; });
+    for (std::size_t p : active) {
+      const Tensor& x = *leaves[ext[p].leaf].tensor;
+      const Tensor& y = *leaves[cur.leaf].tensor;
+      const bool identical = ext[p].lo == cur.lo && x.dtype() == y.dtype() && x.shape() == y.shape() &&
+                             x.strides() == y.strides();
+      if (identical) {
+        // the first key in canonical order owns the region; ext is sorted by leaf among equals
+        const std::size_t owner = a.layout[ext[p].leaf].alias_of >= 0
+                                      ? static_cast<std::size_t>(a.layout[ext[p].leaf].alias_of)
+                                      : ext[p].leaf;
+        a.layout[cur.leaf].alias_of = static_cast<std::int64_t>(owner);
+        break;
+      }
+      bool overlap = x.is_contiguous() && y.is_contiguous();
+      if (!overlap) {
+        const auto ox = element_offsets(x), oy = element_offsets(y);
+        std::vector<std::int64_t> common;
+        std::set_intersection(ox.begin(), ox.end(), oy.begin(), oy.end(), std::back_inserter(common));
+        overlap = !common.empty();
+      }
+      if (overlap) {
+        note_error(a.arg_error, fmt::format("keys '{}' and '{}' hold overlapping but different views of one storage; "
+                                            "reducing both would count shared elements twice",
+                                            leaves[ext[p].leaf].key->str(), leaves[cur.leaf].key->str()));
+      }
+    }
+    if (a.layout[cur.leaf].alias_of < 0) active.push_back(e);
+  }
+}
+
+Analysis analyse(std::span<const LeafRef> leaves, const CollectiveCall& call) {
+  Analysis a;
+  a.layout.resize(leaves.size());
+  std::uint64_t h = 0x51ed270b27ull;
+  for (std::size_t i = 0; i < leaves.size(); ++i) {
+    const Tensor& t = *leaves[i].tensor;
+    LeafLayout& l = a.layout[i];
+    if (!t.defined()) {
+      note_error(a.arg_error, fmt::format("key '{}' holds an undefined tensor", leaves[i].key->str()));
+      continue;
+    }
+    l.dtype = t.dtype();
+    l.shape = t.shape();
+    l.sparse = t.is_sparse();
+    l.contiguous = !l.sparse && t.is_contiguous();
+    if (call.kind != CollectiveKind::Broadcast && !supports(call.op, l.dtype))
+      note_error(a.arg_error, fmt::format("op {} is not defined for dtype {} (key '{}')", name(call.op), name(l.dtype),
+                                          leaves[i].key->str()));
+    if (l.sparse)
+      note_error(a.arg_error, fmt::format("key '{}' is a sparse tensor; sparse leaves are not supported by {} yet",
+                                          leaves[i].key->str(), call.name));
+  }
+  find_aliases(leaves, a);
+  for (std::size_t i = 0; i < leaves.size(); ++i) {
+    const LeafLayout& l = a.layout[i];
+    h = mix(h, leaves[i].key_hash);
+    h = mix(h, static_cast<std::uint64_t>(l.dtype) | (std::uint64_t{l.contiguous} << 8) |
+                   (std::uint64_t{l.sparse} << 9) | (static_cast<std::uint64_t>(l.alias_of + 1) << 10));
+    h = mix(h, l.shape.size());
+    for (auto s : l.shape) h = mix(h, static_cast<std::uint64_t>(s));
+  }
+  a.layout_hash = mix(h, leaves.size());
+  return a;
+}
+
+// ---- agreement across ranks ---------------------------------------------------------------
+
+std::string call_header(const CollectiveCall& call, std::optional<std::size_t> cap, int group_size) {
+  std::string h = fmt::format("{}(", call.name);
+  if (call.kind != CollectiveKind::Broadcast) h += fmt::format("op={}, ", name(call.op));
+  if (call.kind == CollectiveKind::Reduce) h += fmt::format("dst={}, ", call.root);
+  if (call.kind == CollectiveKind::Broadcast) h += fmt::format("src={}, ", call.root);
+  h += fmt::format("bucket_bytes={}) in a group of {}", cap_str(cap), group_size);
+  return h;
+}
+
+std::vector<std::string> split_lines(const std::string& s) {
+  std::vector<std::string> out;
+  std::size_t start = 0, pos;
+  while ((pos = s.find('\n', start)) != std::string::npos) {
+    out.push_back(s.substr(start, pos - start));
+    start = pos + 1;
+  }
+  if (start < s.size()) out.push_back(s.substr(start));
+  return out;
+}
+
+// Lists which ranks hold which text: "rank 0, 2: float32[3]; rank 1: int64[3]".
+std::string by_rank(const std::vector<std::string>& texts) {
+  std::vector<std::pair<std::string, std::vector<int>>> groups;
+  for (std::size_t r = 0; r < texts.size(); ++r) {
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == texts[r]; });
+    if (it == groups.end()) {
+      groups.push_back({texts[r], {static_cast<int>(r)}});
+    } else {
+      it->second.push_back(static_cast<int>(r));
+    }
+  }
+  std::string out;
+  for (const auto& [text, ranks] : groups) {
+    if (!out.empty()) out += "; ";
+    out += fmt::format("rank{} {}: {}", ranks.size() > 1 ? "s" : "", fmt::join(ranks, ", "), text);
+  }
+  return out;
+}
+
+// Slow path after a failed fingerprint check: every rank gathers every rank's description and
+// throws the same error.
+[[noreturn]] void explain_disagreement(GroupState& g, const CollectiveCall& call, const std::string& header,
+                                       const std::string& arg_error, std::span<const LeafRef> leaves,
+                                       const Analysis& a, Clock::time_point deadline) {
+  std::string desc = header + "\n" + arg_error + "\n";
+  for (std::size_t i = 0; i < leaves.size(); ++i)
+    desc += leaves[i].key->str() + "\t" + leaf_str(a.layout[i], leaves) + "\n";
+  auto lens = std::make_shared<std::vector<int>>(static_cast<std::size_t>(g.size));
+  int my_len = static_cast<int>(desc.size());
+  MPI_Request req = MPI_REQUEST_NULL;
+  auto describe = [&] {
+    return fmt::format("{}: ranks disagree on the layout, and gathering the details did not complete", call.name);
+  };
+  TD_MPI_CHECK(MPI_Iallgather(&my_len, 1, MPI_INT, lens->data(), 1, MPI_INT, g.comm, &req));
+  wait_until(req, deadline, describe, lens);
+  std::vector<int> displs(lens->size(), 0);
+  for (std::size_t r = 1; r < lens->size(); ++r) displs[r] = displs[r - 1] + (*lens)[r - 1];
+  auto all = std::make_shared<std::string>(static_cast<std::size_t>(displs.back() + lens->back()), '\0');
+  auto mine = std::make_shared<std::string>(desc);
+  TD_MPI_CHECK(MPI_Iallgatherv(mine->data(), my_len, MPI_CHAR, all->data(), lens->data(), displs.data(), MPI_CHAR,
+                               g.comm, &req));
+  wait_until(req, deadline, describe, std::make_shared<std::pair<decltype(all), decltype(mine)>>(all, mine));
+
+  std::vector<std::vector<std::string>> lines;
+  for (std::size_t r = 0; r < lens->size(); ++r)
+    lines.push_back(split_lines(all->substr(static_cast<std::size_t>(displs[r]), static_cast<std::size_t>((*lens)[r]))));
+  const std::size_t ranks = lines.size();
+  auto line_at = [&](std::size_t r, std::size_t i) { return i < lines[r].size() ? lines[r][i] : std::string(); };
+
+  // Bad arguments anywhere: every rank reports the first rank's error as std::invalid_argument.
+  for (std::size_t r = 0; r < ranks; ++r) {
+    const std::string err = line_at(r, 1);
+    if (!err.empty())
+      throw std::invalid_argument(fmt::format("{}: invalid argument on rank {}: {}", call.name, r, err));
+  }
+  std::vector<std::string> headers;
+  for (std::size_t r = 0; r < ranks; ++r) headers.push_back(line_at(r, 0));
+  if (std::adjacent_find(headers.begin(), headers.end(), std::not_equal_to<>()) != headers.end())
+    throw LayoutMismatchError(fmt::format("{}: ranks called different collectives or arguments: {}", call.name, by_rank(headers)));
+
+  std::size_t longest = 0;
+  for (const auto& l : lines) longest = std::max(longest, l.size());
+  for (std::size_t i = 2; i < longest; ++i) {
+    std::vector<std::string> at;
+    for (std::size_t r = 0; r < ranks; ++r) at.push_back(line_at(r, i));
+    if (std::adjacent_find(at.begin(), at.end(), std::not_equal_to<>()) == at.end()) continue;
+    // First differing position: name the smallest key present there, and what each rank holds for it.
+    std::string key;
+    for (const auto& s : at) {
+      if (s.empty()) continue;
+      std::string k = s.substr(0, s.find('\t'));
+      if (key.empty() || k < key) key = k;
+    }
+    std::vector<std::string> holds;
+    for (std::size_t r = 0; r < ranks; ++r) {
+      std::string found = "no such key";
+      for (std::size_t j = 2; j < lines[r].size(); ++j) {
+        const auto tab = lines[r][j].find('\t');
+        if (lines[r][j].substr(0, tab) == key) found = lines[r][j].substr(tab + 1);
+      }
+      holds.push_back(found);
+    }
+    throw LayoutMismatchError(fmt::format("{}: the ranks' TensorDicts differ at key '{}': {} (nothing was reduced)",
+                                          call.name, key, by_rank(holds)));
+  }
+  throw LayoutMismatchError(fmt::format("{}: the ranks' layouts hash differently but print identically", call.name));
+}
+
+// One small collective: do all ranks hold the same fingerprint? (MAX of h and of ~h: both equal
+// the local values on every rank exactly when all fingerprints are equal.)
+void agree(GroupState& g, const CollectiveCall& call, std::optional<std::size_t> cap, const std::string& arg_error,
+           std::span<const LeafRef> leaves, const Analysis& a, Clock::time_point deadline) {
+  const std::string header = call_header(call, cap, g.size);
+  std::uint64_t h = a.layout_hash;
+  for (unsigned char c : header) h = mix(h, c);
+  for (unsigned char c : arg_error) h = mix(h, c);
+  auto buf = std::make_shared<std::array<std::uint64_t, 2>>();
+  (*buf)[0] = h;
+  (*buf)[1] = ~h;
+  MPI_Request req = MPI_REQUEST_NULL;
+  TD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf->data(), 2, MPI_UINT64_T, MPI_MAX, g.comm, &req));
+  wait_until(
+      req, deadline,
+      [&] {
+        return fmt::format("{}: not every rank of the group of {} joined the collective (first key '{}')", call.name,
+                           g.size, leaves.empty() ? std::string("<none>") : leaves[0].key->str());
+      },
+      buf);
+  if ((*buf)[0] != h || (*buf)[1] != ~h) explain_disagreement(g, call, header, arg_error, leaves, a, deadline);
+}
+
+// ---- moving the data -----------------------------------------------------------------------
+
+struct BucketMemory {
+  std::byte* data = nullptr;
+  bool packed = false;  // data is a pack buffer (else the leaves' own memory)
+};
+
+// Whether a bucket's leaves lie back to back in memory, so it can run on them directly.
+bool contiguous_in_memory(const BucketPlan::Bucket& b, std::span<const LeafRef> leaves) {
+  if (b.strided) return false;
+  const auto* first = static_cast<const std::byte*>(leaves[b.slots[0].leaf].tensor->raw_data());
+  for (std::size_t s = 1; s < b.slots.size(); ++s) {
+    const Tensor& t = *leaves[b.slots[s].leaf].tensor;
+    if (TensorAccess::storage(t) != TensorAccess::storage(*leaves[b.slots[0].leaf].tensor) ||
+        static_cast<const std::byte*>(t.raw_data()) != first + b.slots[s].offset)
+      return false;
+  }
+  return true;
+}
+
+void pack(const BucketPlan::Bucket& b, std::span<const LeafRef> leaves, std::byte* dst) {
+  for (const auto& slot : b.slots) {
+    const Tensor& t = *leaves[slot.leaf].tensor;
+    if (b.strided) {
+      strided_copy(dst + slot.offset, contiguous_strides(t.shape()), static_cast<const std::byte*>(t.raw_data()),
+                   t.strides(), t.shape(), itemsize(t.dtype()));
+    } else {
+      std::memcpy(dst + slot.offset, t.raw_data(), slot.nbytes);
+    }
+  }
+}
+
+void unpack(const BucketPlan::Bucket& b, std::span<const LeafRef> leaves, const std::byte* src) {
+  for (const auto& slot : b.slots) {
+    Tensor& t = *leaves[slot.leaf].tensor;
+    if (b.strided) {
+      strided_copy(static_cast<std::byte*>(t.raw_data()), t.strides(), src + slot.offset,
+                   contiguous_strides(t.shape()), t.shape(), itemsize(t.dtype()));
+    } else {
+      std::memcpy(t.raw_data(), src + slot.offset, slot.nbytes);
+    }
+  }
+}
+
+struct Roles {
+  bool sends;    // this rank's data is an input
+  bool receives; // this rank holds the result afterwards
+};
+
+Roles roles_of(const CollectiveCall& call, int rank) {
+  switch (call.kind) {
+    case CollectiveKind::AllReduce: return {true, true};
+    case CollectiveKind::Reduce: return {true, rank == call.root};
+    case CollectiveKind::Broadcast: return {rank == call.root, rank != call.root};
+  }
+  return {true, true};
+}
+
+// Calls f(byte offset, element count) for each message of a bucket.
+template <class F>
+void for_each_message(std::size_t nbytes, DType dtype, std::size_t max_message_bytes, F&& f) {
+  const std::size_t isz = itemsize(dtype);
+  const std::size_t per = std::max<std::size_t>(1, std::min<std::size_t>(max_message_bytes / isz, INT_MAX));
+  const std::size_t total = nbytes / isz;
+  for (std::size_t first = 0; first < total; first += per)
+    f(first * isz, static_cast<int>(std::min(per, total - first)));
+}
+
+void start_or_run(const CollectiveCall& call, int rank, MPI_Comm comm, std::byte* p, int count, DType dtype,
+                  MPI_Request* req) {
+  const MPI_Datatype type = mpi_datatype(dtype);
+  switch (call.kind) {
+    case CollectiveKind::AllReduce: {
+      const MPI_Op op = mpi_op(call.op, dtype);
+      if (req) {
+        TD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, p, count, type, op, comm, req));
+      } else {
+        TD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, p, count, type, op, comm));
+      }
+      break;
+    }
+    case CollectiveKind::Reduce: {
+      const MPI_Op op = mpi_op(call.op, dtype);
+      const bool root = rank == call.root;
+      void* send = root ? MPI_IN_PLACE : p;
+      void* recv = root ? p : nullptr;
+      if (req) {
+        TD_MPI_CHECK(MPI_Ireduce(send, recv, count, type, op, call.root, comm, req));
+      } else {
+        TD_MPI_CHECK(MPI_Reduce(send, recv, count, type, op, call.root, comm));
+      }
+      break;
+    }
+    case CollectiveKind::Broadcast:
+      if (req) {
+        TD_MPI_CHECK(MPI_Ibcast(p, count, type, call.root, comm, req));
+      } else {
+        TD_MPI_CHECK(MPI_Bcast(p, count, type, call.root, comm));
+      }
+      break;
+  }
+}
+
+std::string bucket_desc(const CollectiveCall& call, const BucketPlan& plan, std::size_t b, std::span<const LeafRef> leaves,
+                        int group_size) {
+  const auto& bk = plan.buckets[b];
+  return fmt::format("{} of bucket {} of {} ({}, {} B, {} leaves, first key '{}') in a group of {} ranks", call.name, b,
+                     plan.buckets.size(), name(bk.dtype), bk.nbytes, bk.slots.size(),
+                     leaves[bk.slots[0].leaf].key->str(), group_size);
+}
+
+std::mutex g_stats_mu;
+PackerStats g_stats;
+
+void note_extra_bytes(std::size_t n) {
+  std::lock_guard lock(g_stats_mu);
+  g_stats.peak_extra_bytes = std::max(g_stats.peak_extra_bytes, n);
+}
+
+void run_sync(const BucketPlan& plan, std::span<const LeafRef> leaves, const CollectiveCall& call, GroupState& g) {
+  const Roles roles = roles_of(call, g.rank);
+  std::size_t need = 0;
+  std::vector<char> direct(plan.buckets.size());
+  for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
+    direct[b] = contiguous_in_memory(plan.buckets[b], leaves);
+    if (!direct[b]) need = std::max(need, plan.buckets[b].nbytes);
+  }
+  std::shared_ptr<Storage> scratch;
+  if (need > 0) {
+    std::lock_guard lock(g.mu);
+    if (!g.scratch || g.scratch->nbytes < need) g.scratch = std::make_shared<Storage>(need);
+    scratch = g.scratch;
+    note_extra_bytes(need);
+  }
+  for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
+    const auto& bk = plan.buckets[b];
+    std::byte* p = direct[b] ? static_cast<std::byte*>(leaves[bk.slots[0].leaf].tensor->raw_data()) : scratch->data;
+    if (!direct[b] && roles.sends) pack(bk, leaves, p);
+    for_each_message(bk.nbytes, bk.dtype, plan.max_message_bytes, [&](std::size_t off, int count) {
+      start_or_run(call, g.rank, g.comm, p + off, count, bk.dtype, nullptr);
+    });
+    if (roles.receives && call.op == ReduceOp::AVG && call.kind != CollectiveKind::Broadcast)
+      divide_in_place(p, static_cast<std::int64_t>(bk.nbytes / itemsize(bk.dtype)), bk.dtype, g.size);
+    if (!direct[b] && roles.receives) unpack(bk, leaves, p);
+  }
+}
+
+std::vector<Work> run_async(const BucketPlan& plan, std::span<const LeafRef> leaves, const CollectiveCall& call,
+                            const std::shared_ptr<GroupState>& g, Clock::time_point deadline) {
+  const Roles roles = roles_of(call, g->rank);
+  std::vector<Work> works;
+  works.reserve(plan.buckets.size());
+  for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
+    const auto& bk = plan.buckets[b];
+    auto st = std::make_shared<WorkState>();
+    st->deadline = deadline;
+    for (const auto& slot : bk.slots) st->keep_alive.push_back(*leaves[slot.leaf].tensor);
+    const bool direct = contiguous_in_memory(bk, leaves);
+    std::byte* p;
+    if (direct) {
+      p = static_cast<std::byte*>(st->keep_alive[0].raw_data());
+    } else {
+      st->buffer = std::make_shared<Storage>(bk.nbytes);
+      p = st->buffer->data;
+      if (roles.sends) pack(bk, leaves, p);
+    }
+    for_each_message(bk.nbytes, bk.dtype, plan.max_message_bytes, [&](std::size_t off, int count) {
+      st->requests.push_back(MPI_REQUEST_NULL);
+      start_or_run(call, g->rank, g->comm, p + off, count, bk.dtype, &st->requests.back());
+    });
+    // The finish step runs after completion: the leaves are copied back from the Work's own
+    // tensor handles, so it stays valid even if the dict was dropped meanwhile.
+    const bool avg = roles.receives && call.op == ReduceOp::AVG && call.kind != CollectiveKind::Broadcast;
+    const int size = g->size;
+    auto bucket = std::make_shared<BucketPlan::Bucket>(bk);
+    WorkState* raw = st.get();
+    st->finish = [raw, bucket, p, avg, direct, roles, size] {
+      if (avg) divide_in_place(p, static_cast<std::int64_t>(bucket->nbytes / itemsize(bucket->dtype)), bucket->dtype, size);
+      if (!direct && roles.receives) {
+        std::vector<Key> keys(bucket->slots.size(), Key("leaf"));
+        std::vector<LeafRef> refs;
+        for (std::size_t s = 0; s < bucket->slots.size(); ++s) refs.push_back({&keys[s], &raw->keep_alive[s], 0});
+        BucketPlan::Bucket local = *bucket;
+        for (std::size_t s = 0; s < local.slots.size(); ++s) local.slots[s].leaf = s;
+        unpack(local, refs, p);
+      }
+    };
+    st->describe = [desc = bucket_desc(call, plan, b, leaves, g->size)] { return desc; };
+    works.emplace_back(std::move(st));
+  }
+  return works;
+}
+
+std::shared_ptr<const BucketPlan> plan_for(GroupState& g, const Analysis& a, std::optional<std::size_t> cap) {
+  std::uint64_t key = mix(a.layout_hash, cap ? *cap : 0x7fffffffffffffffull);
+  std::lock_guard lock(g.mu);
+  auto it = g.plans.find(key);
+  if (it != g.plans.end()) {
+    std::lock_guard s(g_stats_mu);
+    ++g_stats.plan_hits;
+    return it->second;
+  }
+  auto plan = std::make_shared<const BucketPlan>(BucketPlan::build(a.layout, cap));
+  if (g.plans.size() > 256) g.plans.clear();  // a program cycling through many layouts
+  g.plans.emplace(key, plan);
+  std::lock_guard s(g_stats_mu);
+  ++g_stats.plan_misses;
+  return plan;
+}
+
+}  // namespace
+
+std::vector<Work> run_collective(std::span<const LeafRef> leaves, const CollectiveCall& call,
+                                 const CollectiveOptions& opts) {
+  std::shared_ptr<GroupState> g = group_of(opts);
+  g->checked_comm(call.name);
+  const auto timeout = timeout_of(opts);
+  const auto deadline = Clock::now() + timeout;
+
+  std::optional<std::size_t> cap = call.from_dict ? opts.bucket_bytes : std::nullopt;
+  if (call.from_dict && !opts.bucket_bytes && config().bucket_bytes) cap = config().bucket_bytes;
+  Analysis a = analyse(leaves, call);
+  std::string arg_error = std::move(a.arg_error);
+  if (cap && *cap == 0) note_error(arg_error, "bucket_bytes must be positive (or td::kAutoBucketBytes)");
+  if (call.kind != CollectiveKind::AllReduce && (call.root < 0 || call.root >= g->size))
+    note_error(arg_error, fmt::format("{} {} is out of range for a group of {} ranks",
+                                      call.kind == CollectiveKind::Reduce ? "dst" : "src", call.root, g->size));
+  if (g->size > 1 && config().check_layout) agree(*g, call, cap, arg_error, leaves, a, deadline);
+  if (!arg_error.empty()) throw std::invalid_argument(fmt::format("{}: {}", call.name, arg_error));
+
+  if (cap && *cap == kAutoBucketBytes) cap = tuned_bucket_bytes(*g, deadline);
+  const auto plan = plan_for(*g, a, cap);
+  log_debug([&] { return fmt::format("{}: {}", call_header(call, cap, g->size), plan->describe()); });
+  if (opts.async_op) return run_async(*plan, leaves, call, g, deadline);
+  run_sync(*plan, leaves, call, *g);
+  return {};
+}
+
+std::size_t tuned_bucket_bytes(GroupState& g, Clock::time_point) {
+  std::lock_guard lock(g.mu);
+  if (!g.tuned_bucket_bytes) g.tuned_bucket_bytes = std::size_t{4} << 20;  // replaced by the measured model
+  return *g.tuned_bucket_bytes;
+}
+
+}  // namespace detail
+
+PackerStats packer_stats() {
+  std::lock_guard lock(detail::g_stats_mu);
+  return detail::g_stats;
+}
+
+void reset_packer_stats() {
+  std::lock_guard lock(detail::g_stats_mu);
+  detail::g_stats = {};
+}
+
+// ---- the public entry points -----------------------------------------------------------------
+
+namespace {
+std::vector<Work> run_on_tensor(Tensor& t, const detail::CollectiveCall& call, const CollectiveOptions& opts) {
+  static const Key kKey("<tensor>");
+  const detail::LeafRef ref{&kKey, &t, detail::hash_key(kKey)};
+  return detail::run_collective(std::span<const detail::LeafRef>(&ref, 1), call, opts);
+}
+
+Work single(std::vector<Work> works) {
+  if (works.empty()) return Work();
+  return std::move(works.front());
+}
+}  // namespace
+
+Work reduce(Tensor& t, int dst, ReduceOp op, const CollectiveOptions& opts) {
+  return single(run_on_tensor(t, {detail::CollectiveKind::Reduce, op, dst, "reduce", false}, opts));
+}
+Work all_reduce(Tensor& t, ReduceOp op, const CollectiveOptions& opts) {
+  return single(run_on_tensor(t, {detail::CollectiveKind::AllReduce, op, 0, "all_reduce", false}, opts));
+}
+Work broadcast(Tensor& t, int src, const CollectiveOptions& opts) {
+  return single(run_on_tensor(t, {detail::CollectiveKind::Broadcast, ReduceOp::SUM, src, "broadcast", false}, opts));
+}
+
+std::vector<Work> TensorDict::all_reduce(ReduceOp op, const CollectiveOptions& opts) {
+  const auto& leaves = detail::DictAccess::canonical(*this);
+  return detail::run_collective(leaves, {detail::CollectiveKind::AllReduce, op, 0, "TensorDict.all_reduce", true}, opts);
+}
+std::vector<Work> TensorDict::reduce(int dst, ReduceOp op, const CollectiveOptions& opts) {
+  const auto& leaves = detail::DictAccess::canonical(*this);
+  return detail::run_collective(leaves, {detail::CollectiveKind::Reduce, op, dst, "TensorDict.reduce", true}, opts);
+}
+std::vector<Work> TensorDict::broadcast(int src, const CollectiveOptions& opts) {
+  const auto& leaves = detail::DictAccess::canonical(*this);
+  return detail::run_collective(leaves, {detail::CollectiveKind::Broadcast, ReduceOp::SUM, src, "TensorDict.broadcast", true},
+                                opts);
+}
+
+}  // namespace td

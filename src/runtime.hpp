@@ -1,0 +1,107 @@
+// Internals of the MPI runtime shared by the library's sources (not installed).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <mpi.h>
+
+#include "tensordict/bucket_plan.hpp"
+#include "tensordict/collectives.hpp"
+#include "tensordict/process_group.hpp"
+#include "tensor_internal.hpp"
+
+namespace td::detail {
+
+/// Throws td::MpiError naming the routine and MPI's error text.
+[[noreturn]] void throw_mpi_error(const char* call, int code);
+
+/// Checks an MPI return code; the routine's name ends up in the error.
+#define TD_MPI_CHECK(call)                                                          \
+  do {                                                                              \
+    const int td_mpi_rc_ = (call);                                                  \
+    if (td_mpi_rc_ != MPI_SUCCESS) ::td::detail::throw_mpi_error(#call, td_mpi_rc_); \
+  } while (0)
+
+/// Shared state of one process group: its communicator and what is cached per group.
+struct GroupState {
+  MPI_Comm comm = MPI_COMM_NULL;  // our own duplicate; MPI_COMM_NULL on non-members
+  int rank = -1;
+  int size = 0;
+  std::vector<int> world_ranks;
+  bool destroyed = false;  // destroy_process_group ran; any use throws
+
+  std::mutex mu;  // guards the caches below
+  std::unordered_map<std::uint64_t, std::shared_ptr<const BucketPlan>> plans;  // by layout+cap
+  std::uint64_t plan_hits = 0, plan_misses = 0;
+  std::optional<std::size_t> tuned_bucket_bytes;  // kAutoBucketBytes resolved on this group
+  std::shared_ptr<Storage> scratch;                // reused pack buffer of sync calls
+
+  GroupState() = default;
+  GroupState(const GroupState&) = delete;
+  GroupState& operator=(const GroupState&) = delete;
+  ~GroupState();
+
+  /// The communicator for a collective named `what`; throws if not a member or destroyed.
+  MPI_Comm checked_comm(std::string_view what) const;
+};
+
+/// The group of a call's options (world() by default).
+std::shared_ptr<GroupState> group_of(const CollectiveOptions& opts);
+/// The timeout of a call's options (the default of init_process_group otherwise).
+std::chrono::milliseconds timeout_of(const CollectiveOptions& opts);
+
+/// The MPI datatype of one element of `dtype` (user-defined for Float16 and BFloat16).
+MPI_Datatype mpi_datatype(DType dtype);
+/// The MPI operation that implements `op` on `dtype` (AVG maps to SUM); `op` must be supported.
+MPI_Op mpi_op(ReduceOp op, DType dtype);
+/// Creates the user-defined datatypes and operations (after MPI_Init).
+void create_mpi_types();
+/// Frees them (before MPI_Finalize).
+void free_mpi_types();
+
+/// Divides every element of a contiguous buffer by `divisor` (AVG = SUM / group size).
+void divide_in_place(void* data, std::int64_t count, DType dtype, int divisor);
+
+/// Polls `req` until it completes; throws td::TimeoutError (message from `describe`) when
+/// `deadline` passes first. On timeout `buffers` (what the request touches) is deliberately
+/// leaked: MPI may still write into it.
+void wait_until(MPI_Request& req, std::chrono::steady_clock::time_point deadline,
+                const std::function<std::string()>& describe, std::shared_ptr<void> buffers = {});
+
+/// A pending operation: its MPI requests and everything they touch, and what to do once done.
+class WorkState {
+ public:
+  std::vector<MPI_Request> requests;
+  std::function<void()> finish;          // runs once after every request completed
+  std::shared_ptr<Storage> buffer;       // packed bucket, if any
+  std::vector<Tensor> keep_alive;        // leaves the requests read or write
+  std::function<std::string()> describe; // "all_reduce of bucket 2 (float32, ...)" for errors
+  std::chrono::steady_clock::time_point deadline;
+
+  /// Tests the requests (non-blocking); runs finish() once all completed.
+  bool test();
+  /// Waits until done or the deadline; rethrows the error of a failed operation.
+  void wait();
+  /// Whether the operation can no longer touch its buffers.
+  bool settled();
+
+  ~WorkState();
+
+ private:
+  enum class Status { Pending, Done, Failed };
+  bool complete_locked();
+  std::mutex mu_;
+  Status status_ = Status::Pending;
+  std::exception_ptr error_;
+  bool timed_out_ = false;
+};
+
+}  // namespace td::detail

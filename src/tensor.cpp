@@ -1,0 +1,410 @@
+#include "tensordict/tensor.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <ostream>
+
+#include <fmt/ranges.h>
+
+#include "tensor_internal.hpp"
+
+namespace td {
+
+namespace detail {
+
+Storage::Storage(std::size_t n) : nbytes(n) {
+  constexpr std::size_t kAlign = 64;  // cache line; also enough for any Eigen vectorisation
+  std::size_t rounded = std::max<std::size_t>(kAlign, (n + kAlign - 1) / kAlign * kAlign);
+  data = static_cast<std::byte*>(std::aligned_alloc(kAlign, rounded));
+  if (!data) throw std::bad_alloc();
+}
+
+Storage::~Storage() { std::free(data); }
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape strides(shape.size());
+  std::int64_t s = 1;
+  for (std::size_t i = shape.size(); i-- > 0;) {
+    strides[i] = s;
+    s *= std::max<std::int64_t>(shape[i], 1);
+  }
+  return strides;
+}
+
+std::int64_t shape_numel(const Shape& shape) {
+  std::int64_t n = 1;
+  for (auto s : shape) {
+    if (s < 0) throw std::invalid_argument(fmt::format("negative size in shape [{}]", fmt::join(shape, ", ")));
+    n *= s;
+  }
+  return n;
+}
+
+void strided_copy(std::byte* dst, const Shape& dst_strides, const std::byte* src,
+                  const Shape& src_strides, const Shape& shape, std::size_t isz) {
+  const std::int64_t n = shape_numel(shape);
+  if (n == 0) return;
+  const std::size_t nd = shape.size();
+  if (nd == 0) {
+    std::memcpy(dst, src, isz);
+    return;
+  }
+  // Walk every index but the innermost with an odometer; the innermost row is a memcpy when
+  // both sides are dense there.
+  const std::int64_t inner = shape[nd - 1];
+  const std::int64_t ds = dst_strides[nd - 1], ss = src_strides[nd - 1];
+  const bool dense_rows = ds == 1 && ss == 1;
+  std::vector<std::int64_t> idx(nd, 0);
+  const std::int64_t rows = n / inner;
+  const auto bytes = static_cast<std::int64_t>(isz);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    std::int64_t doff = 0, soff = 0;
+    for (std::size_t k = 0; k + 1 < nd; ++k) {
+      doff += idx[k] * dst_strides[k];
+      soff += idx[k] * src_strides[k];
+    }
+    std::byte* d = dst + doff * bytes;
+    const std::byte* s = src + soff * bytes;
+    if (dense_rows) {
+      std::memcpy(d, s, static_cast<std::size_t>(inner) * isz);
+    } else {
+      for (std::int64_t i = 0; i < inner; ++i) std::memcpy(d + i * ds * bytes, s + i * ss * bytes, isz);
+    }
+    for (std::size_t k = nd - 1; k-- > 0;) {  // advance the odometer over the outer dims
+      if (++idx[k] < shape[k]) break;
+      idx[k] = 0;
+    }
+  }
+}
+
+Tensor TensorAccess::view_of(const Tensor& base, std::int64_t offset, Shape shape) {
+  Tensor t;
+  t.storage_ = base.storage_;
+  t.dtype_ = base.dtype_;
+  t.offset_ = offset;
+  t.strides_ = contiguous_strides(shape);
+  t.shape_ = std::move(shape);
+  return t;
+}
+
+}  // namespace detail
+
+using detail::contiguous_strides;
+using detail::shape_numel;
+
+Tensor::Tensor() = default;
+
+Tensor Tensor::empty(Shape shape, DType dtype) {
+  Tensor t;
+  const std::int64_t n = shape_numel(shape);
+  t.storage_ = std::make_shared<detail::Storage>(static_cast<std::size_t>(n) * itemsize(dtype));
+  t.dtype_ = dtype;
+  t.strides_ = contiguous_strides(shape);
+  t.shape_ = std::move(shape);
+  return t;
+}
+
+Tensor Tensor::zeros(Shape shape, DType dtype) {
+  Tensor t = empty(std::move(shape), dtype);
+  std::memset(t.storage_->data, 0, t.storage_->nbytes);
+  return t;
+}
+
+bool Tensor::defined() const noexcept { return storage_ != nullptr || sparse_ != nullptr; }
+
+namespace {
+void require_defined(const Tensor& t) {
+  if (!t.defined()) throw Error("operation on an undefined td::Tensor");
+}
+}  // namespace
+
+DType Tensor::dtype() const {
+  require_defined(*this);
+  return dtype_;
+}
+const Shape& Tensor::shape() const {
+  require_defined(*this);
+  return shape_;
+}
+const Shape& Tensor::strides() const {
+  check_dense("strides()");
+  return strides_;
+}
+std::int64_t Tensor::storage_offset() const {
+  check_dense("storage_offset()");
+  return offset_;
+}
+std::int64_t Tensor::numel() const { return shape_numel(shape()); }
+std::size_t Tensor::nbytes() const { return static_cast<std::size_t>(numel()) * itemsize(dtype()); }
+std::int64_t Tensor::dim() const { return static_cast<std::int64_t>(shape().size()); }
+
+bool Tensor::is_contiguous() const {
+  if (is_sparse()) return false;
+  require_defined(*this);
+  std::int64_t expected = 1;
+  for (std::size_t i = shape_.size(); i-- > 0;) {
+    if (shape_[i] == 1) continue;  // the stride of a size-1 dim never matters
+    if (shape_[i] == 0) return true;
+    if (strides_[i] != expected) return false;
+    expected *= shape_[i];
+  }
+  return true;
+}
+
+bool Tensor::shares_storage_with(const Tensor& other) const {
+  return storage_ && storage_ == other.storage_;
+}
+
+void Tensor::check_dtype(DType expected) const {
+  if (dtype() != expected)
+    throw Error(fmt::format("tensor has dtype {}, accessed as {}", name(dtype_), name(expected)));
+}
+
+void Tensor::check_dense(const char* what) const {
+  require_defined(*this);
+  if (sparse_) throw Error(fmt::format("{} is not defined for a sparse tensor", what));
+}
+
+void* Tensor::raw_data() {
+  check_dense("data()");
+  return storage_->data + offset_ * static_cast<std::int64_t>(itemsize(dtype_));
+}
+const void* Tensor::raw_data() const { return const_cast<Tensor*>(this)->raw_data(); }
+
+void Tensor::copy_out(void* dst) const {
+  check_dense("copy");
+  detail::strided_copy(static_cast<std::byte*>(dst), contiguous_strides(shape_),
+                       static_cast<const std::byte*>(raw_data()), strides_, shape_, itemsize(dtype_));
+}
+
+Eigen::Index Tensor::contiguous_numel(const char* what) const {
+  check_dense(what);
+  if (!is_contiguous())
+    throw Error(fmt::format("{} needs a contiguous tensor; call contiguous() first", what));
+  return static_cast<Eigen::Index>(numel());
+}
+
+Tensor Tensor::clone() const {
+  require_defined(*this);
+  if (sparse_) return sparse_coo(sparse_->indices.clone(), sparse_->values.clone(), shape_);
+  Tensor t = empty(shape_, dtype_);
+  copy_out(t.raw_data());
+  return t;
+}
+
+Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
+
+namespace {
+std::int64_t wrap_dim(std::int64_t d, std::int64_t ndim, const char* what) {
+  const std::int64_t w = d < 0 ? d + ndim : d;
+  if (w < 0 || w >= ndim)
+    throw std::invalid_argument(fmt::format("{}: dimension {} out of range for a {}-d tensor", what, d, ndim));
+  return w;
+}
+}  // namespace
+
+Tensor Tensor::transpose(std::int64_t d0, std::int64_t d1) const {
+  check_dense("transpose()");
+  Tensor t = *this;
+  const auto a = static_cast<std::size_t>(wrap_dim(d0, dim(), "transpose"));
+  const auto b = static_cast<std::size_t>(wrap_dim(d1, dim(), "transpose"));
+  std::swap(t.shape_[a], t.shape_[b]);
+  std::swap(t.strides_[a], t.strides_[b]);
+  return t;
+}
+
+Tensor Tensor::slice(std::int64_t d, std::int64_t start, std::int64_t stop, std::int64_t step) const {
+  check_dense("slice()");
+  if (step <= 0) throw std::invalid_argument("slice: step must be positive");
+  const auto k = static_cast<std::size_t>(wrap_dim(d, dim(), "slice"));
+  const std::int64_t size = shape_[k];
+  auto clamp = [size](std::int64_t i) { return std::clamp(i < 0 ? i + size : i, std::int64_t{0}, size); };
+  start = clamp(start);
+  stop = std::max(clamp(stop), start);
+  Tensor t = *this;
+  t.offset_ += start * strides_[k];
+  t.shape_[k] = (stop - start + step - 1) / step;
+  t.strides_[k] *= step;
+  return t;
+}
+
+Tensor Tensor::view(Shape shape) const {
+  check_dense("view()");
+  if (!is_contiguous()) throw Error("view() needs a contiguous tensor; call contiguous() first");
+  std::int64_t known = 1;
+  int infer = -1;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == -1) {
+      if (infer >= 0) throw std::invalid_argument("view: only one dimension can be -1");
+      infer = static_cast<int>(i);
+    } else {
+      known *= shape[i];
+    }
+  }
+  if (infer >= 0 && known > 0) shape[static_cast<std::size_t>(infer)] = numel() / known;
+  if (shape_numel(shape) != numel())
+    throw std::invalid_argument(fmt::format("view: shape [{}] is invalid for {} elements",
+                                            fmt::join(shape, ", "), numel()));
+  return detail::TensorAccess::view_of(*this, offset_, std::move(shape));
+}
+
+void Tensor::copy_(const Tensor& src) {
+  check_dense("copy_()");
+  const Tensor s = src.to_dense();
+  if (s.dtype() != dtype_ || s.shape() != shape_)
+    throw std::invalid_argument(fmt::format("copy_: source {}[{}] does not match destination {}[{}]",
+                                            name(s.dtype()), fmt::join(s.shape(), ", "), name(dtype_),
+                                            fmt::join(shape_, ", ")));
+  detail::strided_copy(static_cast<std::byte*>(raw_data()), strides_,
+                       static_cast<const std::byte*>(s.raw_data()), s.strides_, shape_, itemsize(dtype_));
+}
+
+void Tensor::zero_() {
+  require_defined(*this);
+  if (sparse_) {
+    const auto ndim = static_cast<std::int64_t>(shape_.size());
+    sparse_ = std::make_shared<detail::SparseParts>(
+        detail::SparseParts{zeros({ndim, 0}, DType::Int64), zeros({0}, dtype_), true});
+    return;
+  }
+  if (is_contiguous()) {
+    std::memset(raw_data(), 0, nbytes());
+    return;
+  }
+  copy_(zeros(shape_, dtype_));
+}
+
+bool Tensor::equal(const Tensor& other) const {
+  if (!defined() || !other.defined()) return defined() == other.defined();
+  if (dtype() != other.dtype() || shape() != other.shape()) return false;
+  const Tensor a = to_dense().contiguous(), b = other.to_dense().contiguous();
+  return visit(dtype_, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* x = static_cast<const T*>(a.raw_data());
+    const T* y = static_cast<const T*>(b.raw_data());
+    for (std::int64_t i = 0, n = a.numel(); i < n; ++i)
+      if (!(x[i] == y[i])) return false;
+    return true;
+  });
+}
+
+// ---- sparse -----------------------------------------------------------------------------
+
+Tensor Tensor::sparse_coo(Tensor indices, Tensor values, Shape shape) {
+  if (!indices.defined() || !values.defined()) throw std::invalid_argument("sparse_coo: undefined indices or values");
+  if (indices.is_sparse() || values.is_sparse()) throw std::invalid_argument("sparse_coo: indices and values must be dense");
+  const auto ndim = static_cast<std::int64_t>(shape.size());
+  if (indices.dtype() != DType::Int64 || indices.dim() != 2 || indices.shape()[0] != ndim)
+    throw std::invalid_argument(fmt::format("sparse_coo: indices must be int64 [{}, nnz], got {}[{}]", ndim,
+                                            name(indices.dtype()), fmt::join(indices.shape(), ", ")));
+  const std::int64_t nnz = indices.shape()[1];
+  if (values.dim() != 1 || values.shape()[0] != nnz)
+    throw std::invalid_argument(fmt::format("sparse_coo: values must be 1-D with {} elements, got [{}]", nnz,
+                                            fmt::join(values.shape(), ", ")));
+  shape_numel(shape);
+  const auto idx = indices.to_vector<std::int64_t>();
+  for (std::int64_t d = 0; d < ndim; ++d)
+    for (std::int64_t j = 0; j < nnz; ++j) {
+      const std::int64_t i = idx[static_cast<std::size_t>(d * nnz + j)];
+      if (i < 0 || i >= shape[static_cast<std::size_t>(d)])
+        throw std::invalid_argument(fmt::format("sparse_coo: index {} out of range for dimension {} of size {}",
+                                                i, d, shape[static_cast<std::size_t>(d)]));
+    }
+  Tensor t;
+  t.dtype_ = values.dtype();
+  t.shape_ = std::move(shape);
+  t.sparse_ = std::make_shared<detail::SparseParts>(
+      detail::SparseParts{indices.contiguous(), values.contiguous(), false});
+  return t;
+}
+
+bool Tensor::is_sparse() const { return sparse_ != nullptr; }
+
+namespace {
+const detail::SparseParts& sparse_parts(const std::shared_ptr<const detail::SparseParts>& p, const char* what) {
+  if (!p) throw Error(fmt::format("{} is only defined for a sparse tensor", what));
+  return *p;
+}
+
+// Row-major linear index of each stored entry.
+std::vector<std::int64_t> linear_indices(const Tensor& indices, const Shape& shape) {
+  const auto idx = indices.to_vector<std::int64_t>();
+  const std::int64_t nnz = indices.shape()[1];
+  const Shape strides = contiguous_strides(shape);
+  std::vector<std::int64_t> lin(static_cast<std::size_t>(nnz), 0);
+  for (std::size_t d = 0; d < shape.size(); ++d)
+    for (std::int64_t j = 0; j < nnz; ++j)
+      lin[static_cast<std::size_t>(j)] += idx[d * static_cast<std::size_t>(nnz) + static_cast<std::size_t>(j)] * strides[d];
+  return lin;
+}
+
+template <class T>
+void accumulate(T& acc, const T& v) {
+  if constexpr (std::is_same_v<T, bool>) {
+    acc = acc || v;
+  } else {
+    acc = static_cast<T>(acc + v);
+  }
+}
+}  // namespace
+
+const Tensor& Tensor::indices() const { return sparse_parts(sparse_, "indices()").indices; }
+const Tensor& Tensor::values() const { return sparse_parts(sparse_, "values()").values; }
+std::int64_t Tensor::nnz() const { return values().numel(); }
+bool Tensor::is_coalesced() const { return sparse_parts(sparse_, "is_coalesced()").coalesced; }
+
+Tensor Tensor::to_dense() const {
+  require_defined(*this);
+  if (!sparse_) return *this;
+  Tensor out = zeros(shape_, dtype_);
+  const auto lin = linear_indices(sparse_->indices, shape_);
+  visit(dtype_, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* o = out.data<T>();
+    const T* v = sparse_->values.data<T>();
+    for (std::size_t j = 0; j < lin.size(); ++j) accumulate(o[lin[j]], v[j]);
+  });
+  return out;
+}
+
+Tensor Tensor::coalesce() const {
+  const auto& parts = sparse_parts(sparse_, "coalesce()");
+  if (parts.coalesced) return *this;
+  const auto lin = linear_indices(parts.indices, shape_);
+  std::vector<std::size_t> order(lin.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return lin[a] < lin[b]; });
+  std::vector<std::int64_t> unique_lin;
+  std::vector<std::size_t> slot(lin.size());
+  for (std::size_t j : order) {
+    if (unique_lin.empty() || unique_lin.back() != lin[j]) unique_lin.push_back(lin[j]);
+    slot[j] = unique_lin.size() - 1;
+  }
+  const auto nnz = static_cast<std::int64_t>(unique_lin.size());
+  const auto ndim = static_cast<std::int64_t>(shape_.size());
+  Tensor values = zeros({nnz}, dtype_);
+  visit(dtype_, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* o = values.data<T>();
+    const T* v = parts.values.data<T>();
+    for (std::size_t j = 0; j < lin.size(); ++j) accumulate(o[slot[j]], v[j]);
+  });
+  Tensor indices = empty({ndim, nnz}, DType::Int64);
+  auto* ip = indices.data<std::int64_t>();
+  const Shape strides = contiguous_strides(shape_);
+  for (std::int64_t j = 0; j < nnz; ++j) {
+    std::int64_t rest = unique_lin[static_cast<std::size_t>(j)];
+    for (std::int64_t d = 0; d < ndim; ++d) {
+      ip[d * nnz + j] = rest / strides[static_cast<std::size_t>(d)];
+      rest %= strides[static_cast<std::size_t>(d)];
+    }
+  }
+  Tensor t = *this;
+  t.sparse_ = std::make_shared<detail::SparseParts>(detail::SparseParts{indices, values, true});
+  return t;
+}
+
+}  // namespace td

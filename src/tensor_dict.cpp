@@ -1,0 +1,471 @@
+#include "tensordict/tensor_dict.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <ostream>
+#include <unordered_map>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "dict_internal.hpp"
+#include "tensor_internal.hpp"
+
+namespace td {
+
+namespace {
+// Bumped by every structural change of any dict; a canonical-order cache is valid while the epoch
+// it was built at is current. Global, so a change deep inside a nested dict invalidates its
+// ancestors' caches too.
+std::atomic<std::uint64_t> g_structure_epoch{1};
+void structure_changed() { g_structure_epoch.fetch_add(1, std::memory_order_relaxed); }
+
+std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+bool starts_with(const Shape& shape, const Shape& prefix) {
+  return shape.size() >= prefix.size() && std::equal(prefix.begin(), prefix.end(), shape.begin());
+}
+}  // namespace
+
+struct TensorDict::Impl {
+  struct Entry {
+    std::string name;
+    std::variant<Tensor, TensorDict> value;
+  };
+  Shape batch_size;
+  std::vector<Entry> entries;                         // insertion order
+  std::unordered_map<std::string, std::size_t> index;  // name -> position in entries
+
+  // Canonical-order cache (see DictAccess::canonical).
+  std::uint64_t cache_epoch = 0;
+  std::vector<Key> cache_keys;
+  std::vector<detail::LeafRef> cache;
+
+  Entry* find(const std::string& name) {
+    auto it = index.find(name);
+    return it == index.end() ? nullptr : &entries[it->second];
+  }
+  void rebuild_index() {
+    index.clear();
+    for (std::size_t i = 0; i < entries.size(); ++i) index.emplace(entries[i].name, i);
+  }
+};
+
+TensorDict::TensorDict(Shape batch_size) : impl_(std::make_unique<Impl>()) {
+  detail::shape_numel(batch_size);
+  impl_->batch_size = std::move(batch_size);
+}
+TensorDict::~TensorDict() = default;
+TensorDict::TensorDict(const TensorDict& other) : impl_(std::make_unique<Impl>()) {
+  impl_->batch_size = other.impl().batch_size;
+  impl_->entries = other.impl().entries;
+  impl_->rebuild_index();
+}
+TensorDict& TensorDict::operator=(const TensorDict& other) {
+  if (this != &other) *this = TensorDict(other);
+  return *this;
+}
+TensorDict::TensorDict(TensorDict&& other) noexcept = default;
+TensorDict& TensorDict::operator=(TensorDict&& other) noexcept {
+  impl_ = std::move(other.impl_);
+  structure_changed();
+  return *this;
+}
+
+TensorDict::Impl& TensorDict::impl() {
+  if (!impl_) throw Error("use of a moved-from td::TensorDict");
+  return *impl_;
+}
+const TensorDict::Impl& TensorDict::impl() const { return const_cast<TensorDict*>(this)->impl(); }
+
+namespace {
+[[noreturn]] void missing(const Key& key, std::size_t depth, const char* what) {
+  throw KeyError(fmt::format("key '{}' not found{}{}", key.str(),
+                             depth + 1 < key.parts().size()
+                                 ? fmt::format(" ('{}' is not a sub-dict)",
+                                               Key(std::vector<std::string>(key.parts().begin(),
+                                                                            key.parts().begin() + static_cast<std::ptrdiff_t>(depth) + 1))
+                                                   .str())
+                                 : "",
+                             what));
+}
+}  // namespace
+
+TensorDict& TensorDict::set(const Key& key, Tensor value) {
+  if (!value.defined()) throw std::invalid_argument(fmt::format("set('{}'): undefined tensor", key.str()));
+  TensorDict* d = this;
+  const auto& parts = key.parts();
+  for (std::size_t i = 0; i + 1 < parts.size(); ++i) {
+    Impl::Entry* e = d->impl().find(parts[i]);
+    if (!e) {
+      d->impl().entries.push_back({parts[i], TensorDict(d->impl().batch_size)});
+      d->impl().index.emplace(parts[i], d->impl().entries.size() - 1);
+      structure_changed();
+      e = &d->impl().entries.back();
+    } else if (!std::holds_alternative<TensorDict>(e->value)) {
+      throw KeyError(fmt::format("set('{}'): '{}' holds a tensor, not a sub-dict", key.str(), parts[i]));
+    }
+    d = &std::get<TensorDict>(e->value);
+  }
+  const Shape& bs = d->impl().batch_size;
+  if (!starts_with(value.shape(), bs))
+    throw std::invalid_argument(fmt::format("set('{}'): tensor of shape {} does not start with the batch size {}",
+                                            key.str(), shape_str(value.shape()), shape_str(bs)));
+  Impl& in = d->impl();
+  if (Impl::Entry* e = in.find(parts.back())) {
+    if (std::holds_alternative<Tensor>(e->value)) {
+      std::get<Tensor>(e->value) = std::move(value);  // same node: cached pointers stay valid
+    } else {
+      e->value = std::move(value);
+      structure_changed();
+    }
+  } else {
+    in.entries.push_back({parts.back(), std::move(value)});
+    in.index.emplace(parts.back(), in.entries.size() - 1);
+    structure_changed();
+  }
+  return *this;
+}
+
+TensorDict& TensorDict::set(const Key& key, TensorDict value) {
+  const auto& parts = key.parts();
+  TensorDict* parent = this;
+  if (parts.size() > 1) {
+    std::vector<std::string> head(parts.begin(), parts.end() - 1);
+    if (!contains(Key(head))) {
+      // create the intermediate dicts through the tensor path's logic
+      TensorDict* d = this;
+      for (const auto& p : head) {
+        Impl::Entry* e = d->impl().find(p);
+        if (!e) {
+          d->impl().entries.push_back({p, TensorDict(d->impl().batch_size)});
+          d->impl().index.emplace(p, d->impl().entries.size() - 1);
+          e = &d->impl().entries.back();
+        } else if (!std::holds_alternative<TensorDict>(e->value)) {
+          throw KeyError(fmt::format("set('{}'): '{}' holds a tensor, not a sub-dict", key.str(), p));
+        }
+        d = &std::get<TensorDict>(e->value);
+      }
+    }
+    parent = &get_dict(Key(head));
+  }
+  if (!starts_with(value.batch_size(), parent->batch_size()))
+    throw std::invalid_argument(fmt::format("set('{}'): sub-dict batch size {} does not start with {}", key.str(),
+                                            shape_str(value.batch_size()), shape_str(parent->batch_size())));
+  Impl& in = parent->impl();
+  if (Impl::Entry* e = in.find(parts.back())) {
+    e->value = std::move(value);
+  } else {
+    in.entries.push_back({parts.back(), std::move(value)});
+    in.index.emplace(parts.back(), in.entries.size() - 1);
+  }
+  structure_changed();
+  return *this;
+}
+
+Tensor& TensorDict::get(const Key& key) {
+  TensorDict* d = this;
+  const auto& parts = key.parts();
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    Impl::Entry* e = d->impl().find(parts[i]);
+    if (!e) missing(key, i, "");
+    if (i + 1 == parts.size()) {
+      if (auto* t = std::get_if<Tensor>(&e->value)) return *t;
+      throw KeyError(fmt::format("key '{}' is a sub-dict, not a tensor (use get_dict)", key.str()));
+    }
+    d = std::get_if<TensorDict>(&e->value);
+    if (!d) missing(key, i, "");
+  }
+  __builtin_unreachable();
+}
+const Tensor& TensorDict::get(const Key& key) const { return const_cast<TensorDict*>(this)->get(key); }
+
+TensorDict& TensorDict::get_dict(const Key& key) {
+  TensorDict* d = this;
+  const auto& parts = key.parts();
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    Impl::Entry* e = d->impl().find(parts[i]);
+    if (!e) missing(key, i, "");
+    d = std::get_if<TensorDict>(&e->value);
+    if (!d) throw KeyError(fmt::format("key '{}' is a tensor, not a sub-dict (use get)", Key(std::vector<std::string>(parts.begin(), parts.begin() + static_cast<std::ptrdiff_t>(i) + 1)).str()));
+  }
+  return *d;
+}
+const TensorDict& TensorDict::get_dict(const Key& key) const { return const_cast<TensorDict*>(this)->get_dict(key); }
+
+bool TensorDict::contains(const Key& key) const {
+  const TensorDict* d = this;
+  const auto& parts = key.parts();
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    const Impl::Entry* e = const_cast<Impl&>(d->impl()).find(parts[i]);
+    if (!e) return false;
+    if (i + 1 == parts.size()) return true;
+    d = std::get_if<TensorDict>(&e->value);
+    if (!d) return false;
+  }
+  return false;
+}
+
+bool TensorDict::is_dict(const Key& key) const {
+  if (!contains(key)) return false;
+  if (key.parts().size() == 1) return std::holds_alternative<TensorDict>(const_cast<Impl&>(impl()).find(key.parts()[0])->value);
+  std::vector<std::string> head(key.parts().begin(), key.parts().end() - 1);
+  return get_dict(Key(head)).is_dict(Key(key.parts().back()));
+}
+
+TensorDict& TensorDict::erase(const Key& key) {
+  TensorDict* parent = this;
+  if (key.parts().size() > 1) {
+    std::vector<std::string> head(key.parts().begin(), key.parts().end() - 1);
+    if (!contains(Key(head)) || !is_dict(Key(head))) missing(key, key.parts().size() - 1, "");
+    parent = &get_dict(Key(head));
+  }
+  Impl& in = parent->impl();
+  auto it = std::find_if(in.entries.begin(), in.entries.end(),
+                         [&](const Impl::Entry& e) { return e.name == key.parts().back(); });
+  if (it == in.entries.end()) missing(key, key.parts().size() - 1, "");
+  in.entries.erase(it);
+  in.rebuild_index();
+  structure_changed();
+  return *this;
+}
+
+namespace {
+void collect_keys(const TensorDict& d, std::vector<std::string>& prefix, bool nested, bool leaves_only,
+                  std::vector<Key>& out) {
+  for (const Key& k : d.keys()) {
+    prefix.push_back(k.parts()[0]);
+    if (d.is_dict(k)) {
+      if (!leaves_only) out.emplace_back(prefix);
+      if (nested) collect_keys(d.get_dict(k), prefix, nested, leaves_only, out);
+    } else {
+      out.emplace_back(prefix);
+    }
+    prefix.pop_back();
+  }
+}
+}  // namespace
+
+std::vector<Key> TensorDict::keys(bool include_nested, bool leaves_only) const {
+  std::vector<Key> out;
+  if (!include_nested) {
+    for (const auto& e : impl().entries)
+      if (!leaves_only || std::holds_alternative<Tensor>(e.value)) out.emplace_back(e.name);
+    return out;
+  }
+  std::vector<std::string> prefix;
+  collect_keys(*this, prefix, true, leaves_only, out);
+  return out;
+}
+
+std::vector<std::pair<Key, Tensor>> TensorDict::items() const {
+  std::vector<std::pair<Key, Tensor>> out;
+  for (const Key& k : keys(true, true)) out.emplace_back(k, get(k));
+  return out;
+}
+
+std::vector<std::pair<Key, Tensor>> TensorDict::canonical_leaves() const {
+  std::vector<std::pair<Key, Tensor>> out;
+  for (const auto& ref : detail::DictAccess::canonical(*this)) out.emplace_back(*ref.key, *ref.tensor);
+  return out;
+}
+
+std::size_t TensorDict::size() const { return impl().entries.size(); }
+bool TensorDict::empty() const { return impl().entries.empty(); }
+const Shape& TensorDict::batch_size() const { return impl().batch_size; }
+
+TensorDict TensorDict::apply(const std::function<Tensor(const Tensor&)>& fn) const {
+  TensorDict out(impl().batch_size);
+  for (const auto& e : impl().entries) {
+    if (const auto* t = std::get_if<Tensor>(&e.value)) {
+      out.set(Key(e.name), fn(*t));
+    } else {
+      out.set(Key(e.name), std::get<TensorDict>(e.value).apply(fn));
+    }
+  }
+  return out;
+}
+
+TensorDict TensorDict::clone() const {
+  return apply([](const Tensor& t) { return t.clone(); });
+}
+
+TensorDict TensorDict::flatten_keys(const std::string& sep) const {
+  TensorDict out(impl().batch_size);
+  for (const auto& [k, t] : items()) out.set(Key(k.str(sep)), t);
+  return out;
+}
+
+TensorDict TensorDict::unflatten_keys(const std::string& sep) const {
+  if (sep.empty()) throw std::invalid_argument("unflatten_keys: empty separator");
+  TensorDict out(impl().batch_size);
+  for (const auto& [k, t] : items()) {
+    std::vector<std::string> parts;
+    for (const auto& p : k.parts()) {
+      std::size_t start = 0, pos;
+      while ((pos = p.find(sep, start)) != std::string::npos) {
+        parts.push_back(p.substr(start, pos - start));
+        start = pos + sep.size();
+      }
+      parts.push_back(p.substr(start));
+    }
+    out.set(Key(std::move(parts)), t);
+  }
+  return out;
+}
+
+TensorDict TensorDict::select(const std::vector<Key>& ks) const {
+  TensorDict out(impl().batch_size);
+  for (const Key& k : ks) {
+    if (!contains(k)) missing(k, k.parts().size() - 1, "");
+    if (is_dict(k)) {
+      out.set(k, get_dict(k));
+    } else {
+      out.set(k, get(k));
+    }
+  }
+  return out;
+}
+
+TensorDict TensorDict::exclude(const std::vector<Key>& ks) const {
+  TensorDict out(*this);
+  for (const Key& k : ks)
+    if (out.contains(k)) out.erase(k);
+  return out;
+}
+
+TensorDict& TensorDict::update(const TensorDict& other) {
+  for (const auto& [k, t] : other.items()) set(k, t);
+  return *this;
+}
+
+TensorDict& TensorDict::zero_() {
+  for (const auto& ref : detail::DictAccess::canonical(*this)) ref.tensor->zero_();
+  return *this;
+}
+
+bool TensorDict::equal(const TensorDict& other) const {
+  if (batch_size() != other.batch_size()) return false;
+  const auto& a = detail::DictAccess::canonical(*this);
+  const auto& b = detail::DictAccess::canonical(other);
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (!(*a[i].key == *b[i].key) || !a[i].tensor->equal(*b[i].tensor)) return false;
+  return true;
+}
+
+TensorDict& TensorDict::consolidate() {
+  const auto& leaves = detail::DictAccess::canonical(*this);
+  struct Pending {
+    Tensor* leaf;
+    std::int64_t offset;
+  };
+  std::map<DType, std::vector<Pending>> by_dtype;
+  std::map<DType, std::int64_t> total;
+  // Keys that alias one region keep aliasing it: the first occurrence decides the slot.
+  struct Region {
+    const void* data;
+    Shape shape, strides;
+    DType dtype;
+    bool operator==(const Region&) const = default;
+  };
+  std::vector<std::pair<Region, std::pair<DType, std::int64_t>>> seen;
+  std::vector<std::pair<Tensor*, std::pair<DType, std::int64_t>>> aliases;
+  for (const auto& ref : leaves) {
+    Tensor& t = *ref.tensor;
+    if (t.is_sparse()) continue;
+    Region r{t.raw_data(), t.shape(), t.strides(), t.dtype()};
+    auto it = std::find_if(seen.begin(), seen.end(), [&](const auto& s) { return s.first == r; });
+    if (it != seen.end()) {
+      aliases.emplace_back(&t, it->second);
+      continue;
+    }
+    std::int64_t& off = total[t.dtype()];
+    by_dtype[t.dtype()].push_back({&t, off});
+    seen.emplace_back(r, std::make_pair(t.dtype(), off));
+    off += t.numel();
+  }
+  std::map<std::pair<DType, std::int64_t>, Tensor> placed;
+  for (auto& [dtype, items] : by_dtype) {
+    Tensor flat = Tensor::empty({total[dtype]}, dtype);
+    for (auto& p : items) {
+      Tensor v = detail::TensorAccess::view_of(flat, p.offset, p.leaf->shape());
+      v.copy_(*p.leaf);
+      placed[{dtype, p.offset}] = v;
+      *p.leaf = v;
+    }
+  }
+  for (auto& [leaf, slot] : aliases) *leaf = placed.at(slot);
+  return *this;
+}
+
+namespace {
+void print_dict(std::string& out, const TensorDict& d, int indent) {
+  const std::string pad(static_cast<std::size_t>(indent), ' ');
+  out += "TensorDict(\n" + pad + "    fields={\n";
+  for (const Key& k : d.keys()) {
+    out += pad + "        " + k.parts()[0] + ": ";
+    if (d.is_dict(k)) {
+      print_dict(out, d.get_dict(k), indent + 8);
+    } else {
+      const Tensor& t = d.get(k);
+      out += fmt::format("Tensor(shape={}, dtype={}{}{})", shape_str(t.shape()), name(t.dtype()),
+                         t.is_sparse() ? ", sparse" : "", !t.is_sparse() && !t.is_contiguous() ? ", strided" : "");
+    }
+    out += ",\n";
+  }
+  out += pad + "    },\n" + pad + "    batch_size=" + shape_str(d.batch_size()) + ")";
+}
+}  // namespace
+
+std::string to_string(const TensorDict& d) {
+  std::string out;
+  print_dict(out, d, 0);
+  return out;
+}
+std::ostream& operator<<(std::ostream& os, const TensorDict& d) { return os << to_string(d); }
+
+namespace detail {
+std::uint64_t hash_key(const Key& key) {
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the parts, each ended by a 0 byte
+  for (const auto& part : key.parts()) {
+    for (unsigned char c : part) h = (h ^ c) * 1099511628211ull;
+    h = (h ^ 0u) * 1099511628211ull;
+  }
+  return h;
+}
+
+const std::vector<LeafRef>& DictAccess::canonical(const TensorDict& cd) {
+  auto& d = const_cast<TensorDict&>(cd);
+  TensorDict::Impl& in = d.impl();
+  const std::uint64_t epoch = g_structure_epoch.load(std::memory_order_relaxed);
+  if (in.cache_epoch == epoch) return in.cache;
+  std::vector<std::pair<Key, Tensor*>> all;
+  std::vector<std::string> prefix;
+  auto walk = [&](auto& self, TensorDict& node) -> void {
+    for (auto& e : node.impl().entries) {
+      prefix.push_back(e.name);
+      if (auto* t = std::get_if<Tensor>(&e.value)) {
+        all.emplace_back(Key(prefix), t);
+      } else {
+        self(self, std::get<TensorDict>(e.value));
+      }
+      prefix.pop_back();
+    }
+  };
+  walk(walk, d);
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  in.cache_keys.clear();
+  in.cache_keys.reserve(all.size());
+  for (auto& [k, t] : all) in.cache_keys.push_back(std::move(k));
+  in.cache.clear();
+  in.cache.reserve(all.size());
+  for (std::size_t i = 0; i < all.size(); ++i)
+    in.cache.push_back({&in.cache_keys[i], all[i].second, hash_key(in.cache_keys[i])});
+  in.cache_epoch = epoch;
+  return in.cache;
+}
+}  // namespace detail
+
+}  // namespace td

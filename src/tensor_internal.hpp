@@ -1,0 +1,51 @@
+// Internals of td::Tensor shared by the library's sources (not installed).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+#include "tensordict/tensor.hpp"
+
+namespace td::detail {
+
+/// Aligned bytes owned by one or more tensors.
+struct Storage {
+  explicit Storage(std::size_t nbytes);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  std::byte* data = nullptr;
+  std::size_t nbytes = 0;
+};
+
+/// The two dense tensors behind a sparse COO tensor.
+struct SparseParts {
+  Tensor indices;  // int64 [ndim, nnz]
+  Tensor values;   // [nnz]
+  bool coalesced = false;
+};
+
+/// Access to Tensor's private fields for the library's internals.
+struct TensorAccess {
+  static const Storage* storage(const Tensor& t) { return t.storage_.get(); }
+  /// How many tensors share t's storage (1: no other tensor can alias it).
+  static long storage_use_count(const Tensor& t) { return t.storage_.use_count(); }
+  /// A contiguous view of `base`'s storage starting at element `offset` (used by consolidate).
+  static Tensor view_of(const Tensor& base, std::int64_t offset, Shape shape);
+  /// Byte address of element [0,...,0] relative to the storage start.
+  static std::int64_t byte_offset(const Tensor& t) {
+    return t.offset_ * static_cast<std::int64_t>(itemsize(t.dtype_));
+  }
+};
+
+/// Row-major strides of a contiguous tensor of `shape`.
+Shape contiguous_strides(const Shape& shape);
+/// Product of the sizes (1 for a 0-d shape); throws std::invalid_argument on a negative size.
+std::int64_t shape_numel(const Shape& shape);
+
+/// Copies a strided region element by element into another strided region of the same shape.
+void strided_copy(std::byte* dst, const Shape& dst_strides, const std::byte* src,
+                  const Shape& src_strides, const Shape& shape, std::size_t itemsize);
+
+}  // namespace td::detail

@@ -1,0 +1,143 @@
+#include "tensordict/work.hpp"
+
+#include <cstdio>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "runtime.hpp"
+
+namespace td {
+
+namespace detail {
+
+namespace {
+// Buffers of requests abandoned after a timeout: MPI may still write into them, so they are
+// never freed (the communicator is unusable after a timeout anyway).
+void leak(std::shared_ptr<void> p) {
+  if (p) new std::shared_ptr<void>(std::move(p));  // NOLINT: intentional leak
+}
+}  // namespace
+
+void wait_until(MPI_Request& req, std::chrono::steady_clock::time_point deadline,
+                const std::function<std::string()>& describe, std::shared_ptr<void> buffers) {
+  const auto start = std::chrono::steady_clock::now();
+  for (std::uint64_t spin = 0;; ++spin) {
+    int done = 0;
+    TD_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    // Checking the clock costs more than MPI_Test's fast path; look at it every few polls.
+    if ((spin & 63) == 0 && std::chrono::steady_clock::now() > deadline) {
+      leak(std::move(buffers));
+      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+      throw TimeoutError(fmt::format("{} (waited {} ms); the communicator is no longer usable: end the job "
+                                     "(td::abort) or stop using this group",
+                                     describe(), waited.count()));
+    }
+  }
+}
+
+bool WorkState::settled() {
+  std::lock_guard lock(mu_);
+  return status_ != Status::Pending;
+}
+
+bool WorkState::complete_locked() {
+  try {
+    if (finish) finish();
+    status_ = Status::Done;
+  } catch (...) {
+    error_ = std::current_exception();
+    status_ = Status::Failed;
+  }
+  finish = nullptr;
+  buffer.reset();
+  keep_alive.clear();
+  return true;
+}
+
+bool WorkState::test() {
+  std::lock_guard lock(mu_);
+  if (status_ != Status::Pending) return true;
+  if (timed_out_) return false;
+  int done = 0;
+  const int rc = requests.empty() ? MPI_SUCCESS
+                                  : MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
+  if (requests.empty()) done = 1;
+  if (rc != MPI_SUCCESS) {
+    try {
+      throw_mpi_error("MPI_Testall", rc);
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+    status_ = Status::Failed;
+    return true;
+  }
+  if (!done) return false;
+  return complete_locked();
+}
+
+void WorkState::wait() {
+  const auto start = std::chrono::steady_clock::now();
+  for (std::uint64_t spin = 0; !test(); ++spin) {
+    if ((spin & 63) == 0 && std::chrono::steady_clock::now() > deadline) {
+      std::lock_guard lock(mu_);
+      timed_out_ = true;
+      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+      throw TimeoutError(fmt::format("{} did not complete before its timeout (waited {} ms in wait()); the "
+                                     "communicator is no longer usable: end the job (td::abort) or stop using this group",
+                                     describe ? describe() : std::string("operation"), waited.count()));
+    }
+  }
+  std::lock_guard lock(mu_);
+  if (status_ == Status::Failed) std::rethrow_exception(error_);
+}
+
+WorkState::~WorkState() {
+  if (status_ == Status::Pending) {
+    leak(std::move(buffer));
+    for (auto& t : keep_alive) leak(std::make_shared<Tensor>(std::move(t)));
+  }
+}
+
+}  // namespace detail
+
+Work::Work() = default;
+Work::Work(std::shared_ptr<detail::WorkState> state) : state_(std::move(state)) {}
+Work::Work(Work&& other) noexcept = default;
+Work& Work::operator=(Work&& other) noexcept {
+  if (this != &other) {
+    Work old(std::move(*this));  // waits for what this handle held
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+
+Work::~Work() {
+  if (!state_ || state_->settled()) return;
+  try {
+    state_->wait();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "[td] a pending td::Work was destroyed and its operation failed: %s\n", e.what());
+  }
+}
+
+void Work::wait() {
+  if (state_) state_->wait();
+}
+
+bool Work::is_completed() { return !state_ || state_->test(); }
+
+void wait_all(std::vector<Work>& works) {
+  std::exception_ptr first;
+  for (auto& w : works) {
+    try {
+      w.wait();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+}  // namespace td

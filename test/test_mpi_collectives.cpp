@@ -1,0 +1,165 @@
+// Collectives on one tensor: every op x dtype, every root, views, zero-size, async, groups, errors.
+#include <catch2/catch.hpp>
+
+#include <tensordict/tensordict.hpp>
+
+#include "reference.hpp"
+
+using td::DType;
+using td::ReduceOp;
+using td::Tensor;
+using namespace tdtest;
+
+TEST_CASE("all_reduce: every op on every dtype it supports; a clear error otherwise", "[collectives]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  for (std::size_t d = 0; d < td::kNumDTypes; ++d) {
+    const auto dtype = static_cast<DType>(d);
+    td::visit(dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      for (ReduceOp op : kAllOps) {
+        INFO(td::name(dtype) << " " << td::name(op));
+        Tensor t = make_input<T>(op, rank, {3, 5});
+        if (!td::supports(op, dtype)) {
+          CHECK_THROWS_AS(td::all_reduce(t, op), std::invalid_argument);
+          CHECK(holds_input<T>(t, op, rank));
+          continue;
+        }
+        td::all_reduce(t, op);
+        CHECK(holds_expected<T>(t, op, size));
+      }
+    });
+  }
+}
+
+TEST_CASE("the documented unsupported pairs throw naming op and dtype", "[collectives]") {
+  Tensor f = Tensor::zeros({2}, DType::Float32);
+  Tensor i = Tensor::zeros({2}, DType::Int64);
+  Tensor c = Tensor::zeros({2}, DType::Complex64);
+  auto message = [](auto fn) {
+    try {
+      fn();
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(message([&] { td::all_reduce(f, ReduceOp::BAND); }).find("BAND") != std::string::npos);
+  CHECK(message([&] { td::all_reduce(f, ReduceOp::BAND); }).find("float32") != std::string::npos);
+  CHECK(message([&] { td::all_reduce(i, ReduceOp::AVG); }).find("int64") != std::string::npos);
+  CHECK(message([&] { td::all_reduce(c, ReduceOp::MIN); }).find("complex64") != std::string::npos);
+}
+
+TEST_CASE("reduce to every dst and broadcast from every src", "[collectives]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  for (int root = 0; root < size; ++root) {
+    INFO("root " << root);
+    Tensor t = make_input<float>(ReduceOp::SUM, rank, {7});
+    td::reduce(t, root, ReduceOp::SUM);
+    if (rank == root) CHECK(holds_expected<float>(t, ReduceOp::SUM, size));
+    CHECK(t.numel() == 7);  // never freed or resized elsewhere
+
+    Tensor b = make_input<std::int64_t>(ReduceOp::SUM, rank, {2, 3});
+    td::broadcast(b, root);
+    CHECK(holds_input<std::int64_t>(b, ReduceOp::SUM, root));
+  }
+}
+
+TEST_CASE("a non-contiguous tensor is reduced in place and stays a view", "[collectives]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  Tensor base = make_input<double>(ReduceOp::SUM, rank, {4, 6});
+  Tensor view = base.transpose(0, 1).slice(0, 0, 6, 2);  // [3, 4], strided
+  REQUIRE_FALSE(view.is_contiguous());
+  const auto untouched_before = base.slice(1, 1, 6, 2).to_vector<double>();
+  std::vector<double> expect;
+  {
+    const auto in = view.to_vector<double>();
+    // element (i, j) of the view is base[j][2i], whose flat index is j*6 + 2i
+    for (std::int64_t i = 0; i < 3; ++i)
+      for (std::int64_t j = 0; j < 4; ++j) expect.push_back(expected<double>(ReduceOp::SUM, size, j * 6 + 2 * i));
+    (void)in;
+  }
+  td::all_reduce(view);
+  CHECK(view.shares_storage_with(base));
+  CHECK(view.to_vector<double>() == expect);
+  CHECK(base.slice(1, 1, 6, 2).to_vector<double>() == untouched_before);  // other columns untouched
+}
+
+TEST_CASE("zero-size and 0-d tensors", "[collectives]") {
+  const int size = td::get_world_size();
+  Tensor empty = Tensor::zeros({0, 3}, DType::Float32);
+  td::all_reduce(empty);
+  td::broadcast(empty, 0);
+  td::reduce(empty, 0);
+  CHECK(empty.numel() == 0);
+  Tensor scalar = Tensor::full<std::int32_t>({}, 2);
+  td::all_reduce(scalar);
+  CHECK(scalar.to_vector<std::int32_t>()[0] == 2 * size);
+}
+
+TEST_CASE("async: a pending Work completes and wait() leaves the result", "[collectives][async]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  Tensor t = make_input<float>(ReduceOp::MAX, rank, {1000});
+  td::CollectiveOptions opts;
+  opts.async_op = true;
+  td::Work w = td::all_reduce(t, ReduceOp::MAX, opts);
+  while (!w.is_completed()) {
+  }
+  w.wait();
+  w.wait();  // waiting twice is fine
+  CHECK(holds_expected<float>(t, ReduceOp::MAX, size));
+
+  // the Work owns what its request touches: dropping the caller's handle early is safe
+  std::vector<td::Work> works;
+  for (int k = 0; k < 4; ++k) {
+    Tensor tmp = make_input<float>(ReduceOp::SUM, rank, {257});
+    works.push_back(td::all_reduce(tmp, ReduceOp::SUM, opts));
+  }
+  td::wait_all(works);
+
+  // AVG async on a strided view
+  Tensor base = make_input<double>(ReduceOp::AVG, rank, {8, 2});
+  Tensor col = base.slice(1, 0, 1);
+  td::Work a = td::all_reduce(col, ReduceOp::AVG, opts);
+  a.wait();
+  for (std::int64_t i = 0; i < 8; ++i) CHECK(col.to_vector<double>()[static_cast<std::size_t>(i)] == expected<double>(ReduceOp::AVG, size, 2 * i));
+}
+
+TEST_CASE("groups: members reduce among themselves, non-members get a clear error", "[collectives][group]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  std::vector<int> evens;
+  for (int r = 0; r < size; r += 2) evens.push_back(r);
+  td::ProcessGroup g = td::new_group(evens);
+  td::CollectiveOptions opts;
+  opts.group = g;
+  Tensor t = Tensor::full<std::int64_t>({3}, rank + 1);
+  if (rank % 2 == 0) {
+    CHECK(g.is_member());
+    td::all_reduce(t, ReduceOp::SUM, opts);
+    std::int64_t expect = 0;
+    for (int r : evens) expect += r + 1;
+    CHECK(t.to_vector<std::int64_t>() == std::vector<std::int64_t>(3, expect));
+    Tensor b = Tensor::full<std::int64_t>({2}, rank);
+    td::broadcast(b, static_cast<int>(evens.size()) - 1, opts);
+    CHECK(b.to_vector<std::int64_t>()[0] == evens.back());
+  } else {
+    CHECK_FALSE(g.is_member());
+    CHECK(g.rank() == -1);
+    CHECK_THROWS_AS(td::all_reduce(t, ReduceOp::SUM, opts), std::invalid_argument);
+    CHECK(t.to_vector<std::int64_t>()[0] == rank + 1);
+  }
+  td::barrier();
+}
+
+TEST_CASE("a root out of range, or different across ranks, is an error on every rank", "[collectives][errors]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  Tensor t = Tensor::full<float>({4}, 1.f);
+  CHECK_THROWS_AS(td::reduce(t, size), std::invalid_argument);
+  CHECK_THROWS_AS(td::broadcast(t, -1), std::invalid_argument);
+  // only one rank passes a bad root: every rank still gets an error, nobody hangs
+  CHECK_THROWS_AS(td::reduce(t, rank == size - 1 ? size + 3 : 0), std::invalid_argument);
+  if (size > 1) {
+    CHECK_THROWS_AS(td::broadcast(t, rank == 0 ? 1 : 0), td::LayoutMismatchError);
+    CHECK_THROWS_AS(td::all_reduce(t, rank == 0 ? ReduceOp::MAX : ReduceOp::SUM), td::LayoutMismatchError);
+  }
+  CHECK(t.to_vector<float>() == std::vector<float>(4, 1.f));
+}

@@ -1,0 +1,293 @@
+// TensorDict collectives through the bucketing packer, against a leaf-by-leaf reference.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <random>
+
+#include <tensordict/tensordict.hpp>
+
+#include "reference.hpp"
+
+using td::DType;
+using td::Key;
+using td::ReduceOp;
+using td::Tensor;
+using td::TensorDict;
+using namespace tdtest;
+
+namespace {
+
+enum class Kind { AllReduce, Reduce, Broadcast };
+
+struct LeafSpec {
+  Key key;
+  DType dtype;
+  td::Shape shape;
+  int view;  // 0 contiguous, 1 transposed, 2 strided slice
+};
+
+// The same random layout on every rank (seeded by `seed`); values depend on the rank.
+std::vector<LeafSpec> random_layout(std::uint32_t seed, bool floats_only) {
+  std::mt19937 rng(seed);
+  const DType any[] = {DType::Float32, DType::Float64, DType::Int32, DType::Int64, DType::BFloat16, DType::UInt8};
+  const DType floats[] = {DType::Float32, DType::Float64, DType::BFloat16, DType::Float16};
+  std::vector<LeafSpec> out;
+  const int n = std::uniform_int_distribution<int>(1, 40)(rng);
+  for (int i = 0; i < n; ++i) {
+    std::vector<std::string> parts;
+    const int depth = std::uniform_int_distribution<int>(1, 3)(rng);
+    for (int k = 0; k < depth; ++k) parts.push_back(std::string(1, static_cast<char>('a' + rng() % 4)) + std::to_string(i * 4 + k));
+    const DType d = floats_only ? floats[rng() % 4] : any[rng() % 6];
+    td::Shape shape;
+    const int kind = static_cast<int>(rng() % 10);
+    if (kind == 0) {
+      shape = {0};
+    } else if (kind < 3) {
+      shape = {std::uniform_int_distribution<std::int64_t>(1, 6)(rng), std::uniform_int_distribution<std::int64_t>(1, 6)(rng)};
+    } else {
+      shape = {std::uniform_int_distribution<std::int64_t>(1, 700)(rng)};
+    }
+    const int view = shape.size() == 2 && rng() % 2 ? 1 : (shape.size() == 1 && rng() % 8 == 0 ? 2 : 0);
+    out.push_back({Key(std::move(parts)), d, shape, view});
+  }
+  return out;
+}
+
+// Builds this rank's dict: inserted in a rank-dependent order, with views where the spec says.
+TensorDict build(const std::vector<LeafSpec>& specs, ReduceOp op, int rank, std::uint32_t seed) {
+  std::vector<std::size_t> order(specs.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::mt19937 rng(seed * 31 + static_cast<std::uint32_t>(rank));
+  std::shuffle(order.begin(), order.end(), rng);
+  TensorDict d;
+  for (std::size_t i : order) {
+    const LeafSpec& s = specs[i];
+    td::visit(s.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      Tensor t;
+      if (s.view == 1) {  // a transposed view of a [c, r] tensor holding the inputs in logical order
+        Tensor base = Tensor::empty({s.shape[1], s.shape[0]}, s.dtype);
+        t = base.transpose(0, 1);
+        t.copy_(make_input<T>(op, rank, s.shape));
+      } else if (s.view == 2) {  // every other element of a larger buffer
+        Tensor base = Tensor::empty({s.shape[0] * 2}, s.dtype);
+        t = base.slice(0, 0, s.shape[0] * 2, 2);
+        t.copy_(make_input<T>(op, rank, s.shape));
+      } else {
+        t = make_input<T>(op, rank, s.shape);
+      }
+      d.set(s.key, t);
+    });
+  }
+  return d;
+}
+
+bool matches_reference(const TensorDict& d, const std::vector<LeafSpec>& specs, ReduceOp op, int size, Kind kind,
+                       int root) {
+  bool ok = true;
+  for (const auto& s : specs) {
+    td::visit(s.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      const Tensor& t = d.get(s.key);
+      const bool good = kind == Kind::Broadcast ? holds_input<T>(t, op, root) : holds_expected<T>(t, op, size);
+      if (!good) {
+        UNSCOPED_INFO("leaf " << s.key.str() << " " << td::name(s.dtype) << " wrong: " << t);
+        ok = false;
+      }
+    });
+  }
+  return ok;
+}
+
+}  // namespace
+
+TEST_CASE("random layouts x bucket sizes x ops x sync/async x all_reduce/reduce/broadcast", "[tensordict][property]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  const std::optional<std::size_t> caps[] = {std::nullopt, 1, 256, 4096, 1 << 20, td::kAutoBucketBytes};
+  const ReduceOp ops[] = {ReduceOp::SUM, ReduceOp::MAX, ReduceOp::AVG, ReduceOp::PRODUCT};
+  int combos = 0;
+  for (std::uint32_t seed = 1; seed <= 6; ++seed) {
+    for (const auto& cap : caps) {
+      for (ReduceOp op : ops) {
+        for (Kind kind : {Kind::AllReduce, Kind::Reduce, Kind::Broadcast}) {
+          for (bool async : {false, true}) {
+            const int root = static_cast<int>(seed) % size;
+            const auto specs = random_layout(seed, op == ReduceOp::AVG);
+            TensorDict d = build(specs, op, rank, seed);
+            td::CollectiveOptions opts;
+            opts.bucket_bytes = cap;
+            opts.async_op = async;
+            std::vector<td::Work> works;
+            if (kind == Kind::AllReduce) works = d.all_reduce(op, opts);
+            if (kind == Kind::Reduce) works = d.reduce(root, op, opts);
+            if (kind == Kind::Broadcast) works = d.broadcast(root, opts);
+            if (!async) CHECK(works.empty());
+            td::wait_all(works);
+            INFO("seed " << seed << " cap " << (cap ? std::to_string(*cap) : "none") << " op " << td::name(op) << " kind "
+                         << static_cast<int>(kind) << " async " << async);
+            if (kind != Kind::Reduce || rank == root) CHECK(matches_reference(d, specs, op, size, kind, root));
+            ++combos;
+          }
+        }
+      }
+    }
+  }
+  CHECK(combos == 6 * 6 * 4 * 3 * 2);
+}
+
+TEST_CASE("keys inserted in different orders on different ranks pair correctly", "[tensordict]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  TensorDict d;
+  std::vector<std::string> names{"w", "b", "a", "z"};
+  std::rotate(names.begin(), names.begin() + rank % 4, names.end());
+  for (const auto& n : names) d.set({"layer", n}, Tensor::full<float>({3}, static_cast<float>(n[0])));
+  d.all_reduce(ReduceOp::SUM, {.bucket_bytes = 1 << 10});
+  for (const auto& n : names) CHECK(d.get({"layer", n}).to_vector<float>()[0] == static_cast<float>(n[0] * size));
+}
+
+TEST_CASE("two keys holding the same storage are reduced once; overlapping views are rejected", "[tensordict][alias]") {
+  const int size = td::get_world_size();
+  Tensor shared = Tensor::full<float>({4}, 1.f);
+  TensorDict d;
+  d.set("a", shared);
+  d.set({"n", "b"}, shared);
+  d.set("c", Tensor::full<float>({4}, 2.f));
+  for (std::optional<std::size_t> cap : {std::optional<std::size_t>{}, std::optional<std::size_t>{1 << 20}}) {
+    shared.copy_(Tensor::full<float>({4}, 1.f));
+    d.all_reduce(ReduceOp::SUM, {.bucket_bytes = cap});
+    CHECK(d.get("a").to_vector<float>() == std::vector<float>(4, static_cast<float>(size)));
+    CHECK(d.get({"n", "b"}).shares_storage_with(d.get("a")));
+  }
+  Tensor base = Tensor::full<float>({10}, 1.f);
+  TensorDict bad;
+  bad.set("x", base.slice(0, 0, 6));
+  bad.set("y", base.slice(0, 4, 10));
+  try {
+    bad.all_reduce(ReduceOp::SUM, {.bucket_bytes = 64});
+    FAIL("expected an overlap error");
+  } catch (const std::invalid_argument& e) {
+    CHECK(std::string(e.what()).find("overlapping") != std::string::npos);
+  }
+  CHECK(base.to_vector<float>() == std::vector<float>(10, 1.f));
+  // interleaved strided views do not overlap: allowed
+  TensorDict cols;
+  cols.set("even", base.slice(0, 0, 10, 2));
+  cols.set("odd", base.slice(0, 1, 10, 2));
+  cols.all_reduce(ReduceOp::SUM, {.bucket_bytes = 64});
+  CHECK(base.to_vector<float>() == std::vector<float>(10, static_cast<float>(size)));
+}
+
+TEST_CASE("the plan is cached across calls on the same layout", "[tensordict][plan]") {
+  TensorDict d;
+  for (int i = 0; i < 20; ++i) d.set("p" + std::to_string(i), Tensor::full<float>({16}, 1.f));
+  d.all_reduce(ReduceOp::SUM, {.bucket_bytes = 256});
+  const auto before = td::packer_stats();
+  for (int k = 0; k < 5; ++k) d.all_reduce(ReduceOp::SUM, {.bucket_bytes = 256});
+  const auto after = td::packer_stats();
+  CHECK(after.plan_hits - before.plan_hits == 5);
+  CHECK(after.plan_misses == before.plan_misses);
+  d.set("new", Tensor::full<float>({16}, 1.f));
+  d.all_reduce(ReduceOp::SUM, {.bucket_bytes = 256});
+  CHECK(td::packer_stats().plan_misses == after.plan_misses + 1);
+}
+
+TEST_CASE("consolidate: bucketed collectives run on the storage with no pack buffer", "[tensordict][consolidate]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  TensorDict d;
+  for (int i = 0; i < 50; ++i) d.set({"g", "p" + std::to_string(i)}, make_input<float>(ReduceOp::SUM, rank, {37}));
+  d.set("i", make_input<std::int64_t>(ReduceOp::SUM, rank, {5}));
+  d.consolidate();
+  td::reset_packer_stats();
+  d.all_reduce(ReduceOp::SUM, {.bucket_bytes = 1024});
+  CHECK(td::packer_stats().peak_extra_bytes == 0);
+  for (int i = 0; i < 50; ++i) CHECK(holds_expected<float>(d.get({"g", "p" + std::to_string(i)}), ReduceOp::SUM, size));
+  CHECK(holds_expected<std::int64_t>(d.get("i"), ReduceOp::SUM, size));
+  // without consolidate the same call needs a pack buffer, bounded by the cap
+  TensorDict e;
+  for (int i = 0; i < 50; ++i) e.set({"g", "p" + std::to_string(i)}, make_input<float>(ReduceOp::SUM, rank, {37}));
+  td::reset_packer_stats();
+  e.all_reduce(ReduceOp::SUM, {.bucket_bytes = 1024});
+  CHECK(td::packer_stats().peak_extra_bytes > 0);
+  CHECK(td::packer_stats().peak_extra_bytes <= 1024);
+}
+
+TEST_CASE("a layout mismatch is a LayoutMismatchError on every rank naming the key; nothing changes",
+          "[tensordict][errors]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  if (size < 2) return;  // nothing to disagree with
+  auto expect_mismatch = [&](TensorDict& d, const std::string& key, td::CollectiveOptions opts = {}) {
+    TensorDict before = d.clone();
+    try {
+      d.all_reduce(ReduceOp::SUM, opts);
+      FAIL("expected LayoutMismatchError");
+    } catch (const td::LayoutMismatchError& e) {
+      CHECK(std::string(e.what()).find("'" + key + "'") != std::string::npos);
+    }
+    CHECK(d == before);
+  };
+  {  // a shape differs on the last rank
+    TensorDict d;
+    d.set("a", Tensor::full<float>({3}, 1.f));
+    d.set({"m", "w"}, Tensor::full<float>({rank == size - 1 ? 5 : 4}, 1.f));
+    expect_mismatch(d, "m.w", {.bucket_bytes = 1 << 20});
+  }
+  {  // a dtype differs
+    TensorDict d;
+    if (rank == 1) {
+      d.set("x", Tensor::full<double>({3}, 1.0));
+    } else {
+      d.set("x", Tensor::full<float>({3}, 1.f));
+    }
+    expect_mismatch(d, "x");
+  }
+  {  // a key missing on rank 0
+    TensorDict d;
+    d.set("a", Tensor::full<float>({3}, 1.f));
+    if (rank != 0) d.set("b", Tensor::full<float>({3}, 1.f));
+    expect_mismatch(d, "b");
+  }
+  {  // one rank has an empty dict
+    TensorDict d;
+    if (rank != 1) d.set("k", Tensor::full<float>({3}, 1.f));
+    expect_mismatch(d, "k");
+  }
+  {  // bucket sizes differ
+    TensorDict d;
+    d.set("a", Tensor::full<float>({3}, 1.f));
+    CHECK_THROWS_AS(d.all_reduce(ReduceOp::SUM, {.bucket_bytes = rank == 0 ? 64 : 128}), td::LayoutMismatchError);
+    CHECK(d.get("a").to_vector<float>() == std::vector<float>(3, 1.f));
+  }
+  // after all of that the group still works
+  TensorDict ok;
+  ok.set("a", Tensor::full<float>({3}, 1.f));
+  ok.all_reduce();
+  CHECK(ok.get("a").to_vector<float>()[0] == static_cast<float>(size));
+}
+
+TEST_CASE("bad arguments: zero bucket size, unsupported op, bad root", "[tensordict][errors]") {
+  const int size = td::get_world_size();
+  TensorDict d;
+  d.set("f", Tensor::full<float>({3}, 1.f));
+  d.set("i", Tensor::full<std::int64_t>({3}, 1));
+  CHECK_THROWS_AS(d.all_reduce(ReduceOp::SUM, {.bucket_bytes = 0}), std::invalid_argument);
+  CHECK_THROWS_AS(d.all_reduce(ReduceOp::AVG), std::invalid_argument);  // AVG on int64 'i'
+  CHECK_THROWS_AS(d.reduce(size), std::invalid_argument);
+  CHECK_THROWS_AS(d.broadcast(-1), std::invalid_argument);
+  CHECK(d.get("f").to_vector<float>() == std::vector<float>(3, 1.f));
+  CHECK(d.get("i").to_vector<std::int64_t>() == std::vector<std::int64_t>(3, 1));
+}
+
+TEST_CASE("async bucketed works outlive the dict", "[tensordict][async]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  std::vector<td::Work> works;
+  Tensor keep;
+  {
+    TensorDict d;
+    for (int i = 0; i < 30; ++i) d.set("p" + std::to_string(i), make_input<float>(ReduceOp::SUM, rank, {100}));
+    keep = d.get("p7");
+    works = d.all_reduce(ReduceOp::SUM, {.async_op = true, .bucket_bytes = 1200});
+    CHECK(works.size() == 10);  // 400 B leaves, three to a bucket
+  }
+  td::wait_all(works);
+  CHECK(holds_expected<float>(keep, ReduceOp::SUM, size));
+}

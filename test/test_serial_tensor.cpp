@@ -1,0 +1,141 @@
+// Tensor containers: factories, views, formatting (no MPI).
+#include <catch2/catch.hpp>
+
+#include <sstream>
+
+#include <tensordict/tensordict.hpp>
+
+using td::DType;
+using td::Tensor;
+
+TEST_CASE("dtype list: names, sizes and dtype_of agree", "[dtype]") {
+  CHECK(td::name(DType::Float32) == "float32");
+  CHECK(td::name(DType::BFloat16) == "bfloat16");
+  CHECK(td::name(DType::Complex128) == "complex128");
+  CHECK(td::itemsize(DType::Bool) == 1);
+  CHECK(td::itemsize(DType::Float16) == 2);
+  CHECK(td::itemsize(DType::Int64) == 8);
+  CHECK(td::itemsize(DType::Complex128) == 16);
+  CHECK(td::dtype_of<float> == DType::Float32);
+  CHECK(td::dtype_of<std::int16_t> == DType::Int16);
+  CHECK(td::dtype_of<Eigen::half> == DType::Float16);
+  CHECK(td::kNumDTypes == 12);
+  // the enum's numeric values are part of the wire format
+  CHECK(static_cast<int>(DType::Bool) == 0);
+  CHECK(static_cast<int>(DType::Complex128) == 11);
+}
+
+TEST_CASE("every dtype's factories fill and read back", "[tensor]") {
+  for (std::size_t i = 0; i < td::kNumDTypes; ++i) {
+    const auto d = static_cast<DType>(i);
+    INFO(td::name(d));
+    Tensor z = Tensor::zeros({2, 3}, d);
+    CHECK(z.dtype() == d);
+    CHECK(z.numel() == 6);
+    CHECK(z.nbytes() == 6 * td::itemsize(d));
+    CHECK(z.is_contiguous());
+    td::visit(d, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      for (const auto& v : z.to_vector<T>()) CHECK(v == T(0));
+      Tensor f = Tensor::full<T>({4}, T(1));
+      for (const auto& v : f.to_vector<T>()) CHECK(v == T(1));
+      using Other = std::conditional_t<std::is_same_v<T, double>, float, double>;
+      CHECK_THROWS_AS(f.data<Other>(), td::Error);
+    });
+  }
+}
+
+TEST_CASE("from_vector keeps row-major order and checks the count", "[tensor]") {
+  Tensor t = Tensor::from_vector<std::int64_t>({1, 2, 3, 4, 5, 6}, {2, 3});
+  CHECK(t.shape() == td::Shape{2, 3});
+  CHECK(t.strides() == td::Shape{3, 1});
+  CHECK(t.to_vector<std::int64_t>() == std::vector<std::int64_t>{1, 2, 3, 4, 5, 6});
+  CHECK_THROWS_AS(Tensor::from_vector<float>({1, 2, 3}, {2, 2}), std::invalid_argument);
+  Tensor b = Tensor::from_vector<bool>({true, false, true});
+  CHECK(b.to_vector<bool>() == std::vector<bool>{true, false, true});
+}
+
+TEST_CASE("views: transpose and slice share storage and read the right values", "[tensor]") {
+  Tensor t = Tensor::from_vector<int>({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {3, 4});
+  Tensor tt = t.transpose(0, 1);
+  CHECK(tt.shape() == td::Shape{4, 3});
+  CHECK_FALSE(tt.is_contiguous());
+  CHECK(tt.shares_storage_with(t));
+  CHECK(tt.to_vector<int>() == std::vector<int>{0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11});
+  Tensor s = t.slice(1, 1, 4, 2);  // columns 1 and 3
+  CHECK(s.shape() == td::Shape{3, 2});
+  CHECK(s.to_vector<int>() == std::vector<int>{1, 3, 5, 7, 9, 11});
+  Tensor rows = t.slice(0, 1, 3);
+  CHECK(rows.is_contiguous());
+  CHECK(rows.to_vector<int>() == std::vector<int>{4, 5, 6, 7, 8, 9, 10, 11});
+  // writes through a view land in the base
+  s.copy_(Tensor::zeros({3, 2}, DType::Int32));
+  CHECK(t.to_vector<int>() == std::vector<int>{0, 0, 2, 0, 4, 0, 6, 0, 8, 0, 10, 0});
+  Tensor c = tt.contiguous();
+  CHECK(c.is_contiguous());
+  CHECK_FALSE(c.shares_storage_with(t));
+  CHECK(c.to_vector<int>() == tt.to_vector<int>());
+  CHECK(t.slice(0, -1, 100).to_vector<int>() == std::vector<int>{8, 0, 10, 0});
+  CHECK_THROWS_AS(t.transpose(0, 2), std::invalid_argument);
+}
+
+TEST_CASE("clone is deep, copies are shallow", "[tensor]") {
+  Tensor a = Tensor::full<float>({3}, 1.f);
+  Tensor shallow = a;
+  Tensor deep = a.clone();
+  a.data<float>()[0] = 5.f;
+  CHECK(shallow.to_vector<float>()[0] == 5.f);
+  CHECK(deep.to_vector<float>()[0] == 1.f);
+}
+
+TEST_CASE("Eigen views do math on contiguous tensors", "[tensor]") {
+  Tensor a = Tensor::from_vector<double>({1, 2, 3, 4}, {2, 2});
+  a.array<double>() *= 2.0;
+  CHECK(a.to_vector<double>() == std::vector<double>{2, 4, 6, 8});
+  auto m = a.matrix<double>();
+  CHECK(m(1, 0) == 6.0);
+  CHECK_THROWS_AS(a.transpose(0, 1).array<double>(), td::Error);
+}
+
+TEST_CASE("printing matches torch", "[tensor][format]") {
+  CHECK(td::to_string(Tensor::from_vector<std::int64_t>({2, 4, 6, 8, 10})) == "tensor([2, 4, 6, 8, 10])");
+  CHECK(fmt::format("{}", Tensor::full<float>({3}, 1.f)) == "tensor([1., 1., 1.])");
+  CHECK(td::to_string(Tensor::from_vector<float>({1.5f, 2.f})) == "tensor([1.5000, 2.0000])");
+  CHECK(td::to_string(Tensor::from_vector<std::int64_t>({1, 10})) == "tensor([1, 10])");
+  CHECK(td::to_string(Tensor::from_vector<std::int32_t>({1, 2})) == "tensor([1, 2], dtype=torch.int32)");
+  CHECK(td::to_string(Tensor::from_vector<double>({1, 2})) == "tensor([1., 2.], dtype=torch.float64)");
+  CHECK(td::to_string(Tensor::from_vector<bool>({true, false})) == "tensor([True, False])");
+  CHECK(td::to_string(Tensor::from_vector<std::int64_t>({1, 2, 3, 4}, {2, 2})) == "tensor([[1, 2],\n        [3, 4]])");
+  CHECK(td::to_string(Tensor::from_vector<std::int64_t>({1, 20, 3, 4}, {2, 2})) == "tensor([[ 1, 20],\n        [ 3,  4]])");
+  CHECK(td::to_string(Tensor::full<std::int64_t>({}, 5)) == "tensor(5)");
+  CHECK(td::to_string(Tensor::zeros({0}, DType::Float32)) == "tensor([])");
+  CHECK(td::to_string(Tensor::zeros({0}, DType::Int64)) == "tensor([], dtype=torch.int64)");
+  CHECK(td::to_string(Tensor::full<Eigen::half>({2}, Eigen::half(0.5f))) == "tensor([0.5000, 0.5000], dtype=torch.float16)");
+  CHECK(td::to_string(Tensor::from_vector<float>({1e-5f, 1.f})) == "tensor([1.0000e-05, 1.0000e+00])");
+  // every dtype prints without throwing
+  for (std::size_t i = 0; i < td::kNumDTypes; ++i) {
+    std::ostringstream os;
+    os << Tensor::zeros({2}, static_cast<DType>(i));
+    CHECK(os.str().rfind("tensor([", 0) == 0);
+  }
+  // a transposed view prints its logical order
+  CHECK(td::to_string(Tensor::from_vector<std::int64_t>({1, 2, 3, 4}, {2, 2}).transpose(0, 1)) ==
+        "tensor([[1, 3],\n        [2, 4]])");
+  std::string big = td::to_string(Tensor::zeros({2000}, DType::Int64));
+  CHECK(big == "tensor([0, 0, 0,  ..., 0, 0, 0])");
+}
+
+TEST_CASE("sparse COO: densify and coalesce", "[tensor][sparse]") {
+  Tensor idx = Tensor::from_vector<std::int64_t>({0, 2, 0, 1, 0, 1}, {2, 3});
+  Tensor val = Tensor::from_vector<float>({1, 2, 3});
+  Tensor s = Tensor::sparse_coo(idx, val, {3, 2});
+  CHECK(s.is_sparse());
+  CHECK(s.nnz() == 3);
+  CHECK(s.to_dense().to_vector<float>() == std::vector<float>{0, 4, 0, 0, 2, 0});
+  Tensor c = s.coalesce();
+  CHECK(c.is_coalesced());
+  CHECK(c.nnz() == 2);
+  CHECK(c.to_dense().equal(s.to_dense()));
+  CHECK_THROWS_AS(Tensor::sparse_coo(Tensor::from_vector<std::int64_t>({5, 0}, {2, 1}), Tensor::from_vector<float>({1}), {3, 2}),
+                  std::invalid_argument);
+}

@@ -1,0 +1,156 @@
+// TensorDict container semantics (no MPI).
+#include <catch2/catch.hpp>
+
+#include <tensordict/tensordict.hpp>
+
+using td::Key;
+using td::Tensor;
+using td::TensorDict;
+
+TEST_CASE("nested set/get/contains and KeyError naming the full path", "[tensordict]") {
+  TensorDict d;
+  d.set("a", Tensor::full<float>({2}, 1.f));
+  d.set({"b", "c"}, Tensor::full<int>({3}, 7));
+  CHECK(d.contains("a"));
+  CHECK(d.contains({"b", "c"}));
+  CHECK(d.contains("b"));
+  CHECK(d.is_dict("b"));
+  CHECK_FALSE(d.contains({"b", "x"}));
+  CHECK(d.get({"b", "c"}).to_vector<int>() == std::vector<int>{7, 7, 7});
+  CHECK(d.get_dict("b").get("c").numel() == 3);
+  try {
+    d.get({"b", "missing"});
+    FAIL("expected KeyError");
+  } catch (const td::KeyError& e) {
+    CHECK(std::string(e.what()).find("b.missing") != std::string::npos);
+  }
+  CHECK_THROWS_AS(d.get("b"), td::KeyError);       // a dict, not a tensor
+  CHECK_THROWS_AS(d.get_dict("a"), td::KeyError);  // a tensor, not a dict
+  CHECK_THROWS_AS(d.set({"a", "x"}, Tensor::zeros({1}, td::DType::Float32)), td::KeyError);
+  d.erase({"b", "c"});
+  CHECK_FALSE(d.contains({"b", "c"}));
+  CHECK_THROWS_AS(d.erase("nope"), td::KeyError);
+}
+
+TEST_CASE("batch size is checked on every set", "[tensordict]") {
+  TensorDict d({4});
+  d.set("x", Tensor::zeros({4, 3}, td::DType::Float32));
+  try {
+    d.set("y", Tensor::zeros({5, 3}, td::DType::Float32));
+    FAIL("expected a batch-size error");
+  } catch (const std::invalid_argument& e) {
+    const std::string msg = e.what();
+    CHECK(msg.find("'y'") != std::string::npos);
+    CHECK(msg.find("[5, 3]") != std::string::npos);
+    CHECK(msg.find("[4]") != std::string::npos);
+  }
+  CHECK_FALSE(d.contains("y"));
+  d.set({"sub", "z"}, Tensor::zeros({4}, td::DType::Int64));  // nested dicts inherit the batch size
+  CHECK(d.get_dict("sub").batch_size() == td::Shape{4});
+  CHECK_THROWS_AS(d.set({"sub", "w"}, Tensor::zeros({3}, td::DType::Int64)), std::invalid_argument);
+  CHECK_THROWS_AS(d.set("other", TensorDict({2})), std::invalid_argument);
+}
+
+TEST_CASE("keys: insertion order, nested, leaves only; canonical order is sorted", "[tensordict]") {
+  TensorDict d;
+  d.set("z", Tensor::zeros({1}, td::DType::Float32));
+  d.set({"m", "b"}, Tensor::zeros({1}, td::DType::Float32));
+  d.set({"m", "a"}, Tensor::zeros({1}, td::DType::Float32));
+  d.set("a", Tensor::zeros({1}, td::DType::Float32));
+  auto top = d.keys();
+  REQUIRE(top.size() == 3);
+  CHECK(top[0].str() == "z");
+  CHECK(top[1].str() == "m");
+  CHECK(top[2].str() == "a");
+  auto all = d.keys(true);
+  REQUIRE(all.size() == 5);
+  CHECK(all[1].str() == "m");
+  CHECK(all[2].str() == "m.b");
+  auto leaves = d.keys(true, true);
+  CHECK(leaves.size() == 4);
+  auto canon = d.canonical_leaves();
+  REQUIRE(canon.size() == 4);
+  CHECK(canon[0].first.str() == "a");
+  CHECK(canon[1].first.str() == "m.a");
+  CHECK(canon[2].first.str() == "m.b");
+  CHECK(canon[3].first.str() == "z");
+  // the cached order follows later structural changes, also deep ones
+  d.get_dict("m").set("0", Tensor::zeros({1}, td::DType::Float32));
+  CHECK(d.canonical_leaves()[1].first.str() == "m.0");
+}
+
+TEST_CASE("clone, apply, flatten/unflatten, select/exclude, update, zero_, equality", "[tensordict]") {
+  TensorDict d;
+  d.set({"a", "b"}, Tensor::full<float>({2}, 2.f));
+  d.set("c", Tensor::full<int>({1}, 3));
+  TensorDict deep = d.clone();
+  TensorDict shallow = d;
+  d.get({"a", "b"}).data<float>()[0] = 9.f;
+  CHECK(shallow.get({"a", "b"}).to_vector<float>()[0] == 9.f);
+  CHECK(deep.get({"a", "b"}).to_vector<float>()[0] == 2.f);
+  CHECK_FALSE(deep == d);
+
+  TensorDict doubled = deep.apply([](const Tensor& t) {
+    Tensor u = t.clone();
+    td::visit(u.dtype(), [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      if constexpr (std::is_arithmetic_v<T>) u.array<T>() *= T(2);
+    });
+    return u;
+  });
+  CHECK(doubled.get({"a", "b"}).to_vector<float>() == std::vector<float>{4.f, 4.f});
+
+  TensorDict flat = deep.flatten_keys("/");
+  CHECK(flat.contains("a/b"));
+  CHECK(flat.unflatten_keys("/") == deep);
+
+  CHECK(deep.select({"c"}).keys(true, true).size() == 1);
+  CHECK_THROWS_AS(deep.select({"nope"}), td::KeyError);
+  CHECK(deep.exclude({"c", "nope"}).keys(true, true).size() == 1);
+
+  TensorDict other;
+  other.set("c", Tensor::full<int>({1}, 42));
+  deep.update(other);
+  CHECK(deep.get("c").to_vector<int>()[0] == 42);
+  deep.zero_();
+  CHECK(deep.get({"a", "b"}).to_vector<float>() == std::vector<float>{0.f, 0.f});
+
+  // equality ignores insertion order
+  TensorDict x, y;
+  x.set("p", Tensor::full<float>({1}, 1.f));
+  x.set("q", Tensor::full<float>({1}, 2.f));
+  y.set("q", Tensor::full<float>({1}, 2.f));
+  y.set("p", Tensor::full<float>({1}, 1.f));
+  CHECK(x == y);
+}
+
+TEST_CASE("consolidate puts each dtype in one storage in canonical order, keeping values", "[tensordict]") {
+  TensorDict d;
+  d.set("b", Tensor::from_vector<float>({3, 4}));
+  d.set("a", Tensor::from_vector<float>({1, 2}));
+  d.set("i", Tensor::from_vector<std::int64_t>({5}));
+  d.set("t", Tensor::from_vector<float>({1, 2, 3, 4}, {2, 2}).transpose(0, 1));
+  d.set("alias", d.get("a"));
+  TensorDict before = d.clone();
+  d.consolidate();
+  CHECK(d == before);
+  CHECK(d.get("a").shares_storage_with(d.get("b")));
+  CHECK(d.get("a").shares_storage_with(d.get("t")));
+  CHECK_FALSE(d.get("a").shares_storage_with(d.get("i")));
+  CHECK(d.get("t").is_contiguous());
+  CHECK(d.get("alias").storage_offset() == d.get("a").storage_offset());
+  // canonical order: a, b, t for float32 (alias shares a's slot)
+  CHECK(d.get("a").storage_offset() == 0);
+  CHECK(d.get("b").storage_offset() == 2);
+  CHECK(d.get("t").storage_offset() == 4);
+}
+
+TEST_CASE("a moved-from dict throws instead of crashing", "[tensordict]") {
+  TensorDict d;
+  d.set("a", Tensor::zeros({1}, td::DType::Float32));
+  Tensor& ref = d.get("a");
+  TensorDict e = std::move(d);
+  CHECK(ref.numel() == 1);  // the node moved with the dict
+  CHECK_THROWS_AS(d.get("a"), td::Error);  // NOLINT(bugprone-use-after-move): tested on purpose
+  CHECK(e.contains("a"));
+}
