@@ -488,6 +488,7 @@ std::vector<Work> run_async(const BucketPlan& plan, std::span<const LeafRef> lea
       }
     };
     st->describe = [desc = bucket_desc(call, plan, b, leaves, g->size)] { return desc; };
+    progress_add(st);
     works.emplace_back(std::move(st));
   }
   return works;
@@ -536,12 +537,6 @@ std::vector<Work> run_collective(std::span<const LeafRef> leaves, const Collecti
   if (opts.async_op) return run_async(*plan, leaves, call, g, deadline);
   run_sync(*plan, leaves, call, *g);
   return {};
-}
-
-std::size_t tuned_bucket_bytes(GroupState& g, Clock::time_point) {
-  std::lock_guard lock(g.mu);
-  if (!g.tuned_bucket_bytes) g.tuned_bucket_bytes = std::size_t{4} << 20;  // replaced by the measured model
-  return *g.tuned_bucket_bytes;
 }
 
 }  // namespace detail

@@ -18,6 +18,8 @@ struct Config {
   bool check_layout = true;                          // TD_CHECK_LAYOUT (1/0)
   LogLevel log_level = LogLevel::Off;                // TD_LOG_LEVEL (off, warn, info, debug)
   bool progress_thread = true;                       // TD_PROGRESS_THREAD (1/0)
+  bool autotune_cache = true;                        // TD_AUTOTUNE_CACHE (1/0)
+  int progress_interval_us = 50;                     // TD_PROGRESS_INTERVAL_US
 };
 
 /// The process's configuration; throws std::invalid_argument naming the variable on a bad value.

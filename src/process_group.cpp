@@ -135,6 +135,7 @@ bool is_initialized() { return runtime().initialized; }
 void destroy_process_group() {
   auto& rt = runtime();
   if (!rt.initialized) return;
+  detail::progress_stop();
   int finalized = 0;
   MPI_Finalized(&finalized);
   for (auto& weak : rt.groups) {

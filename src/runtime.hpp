@@ -105,3 +105,15 @@ class WorkState {
 };
 
 }  // namespace td::detail
+
+namespace td::detail {
+
+/// Hands a pending operation to the progress thread (started on first use when MPI runs with
+/// MPI_THREAD_MULTIPLE and TD_PROGRESS_THREAD is not 0), which tests it until it completes so the
+/// communication advances while the caller computes. Without the thread, wait() and
+/// is_completed() drive progress.
+void progress_add(const std::shared_ptr<WorkState>& work);
+/// Stops and joins the progress thread (before MPI_Finalize).
+void progress_stop();
+
+}  // namespace td::detail

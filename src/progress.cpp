@@ -1,0 +1,106 @@
+// The progress thread. Open MPI advances a nonblocking collective only inside MPI calls made by
+// the process; without them an MPI_Iallreduce started before a long computation does nothing
+// until wait(). This thread tests the pending operations every few tens of microseconds (sleeping
+// in between, so it costs the caller's computation little CPU) and sleeps on a condition
+// variable when nothing is pending.
+#include <condition_variable>
+#include <thread>
+
+#include "config.hpp"
+#include "runtime.hpp"
+
+namespace td::detail {
+
+namespace {
+
+class ProgressEngine {
+ public:
+  void add(const std::shared_ptr<WorkState>& work) {
+    std::lock_guard lock(mu_);
+    if (!started_) {
+      if (!available()) return;
+      stopping_ = false;
+      thread_ = std::thread([this] { loop(); });
+      started_ = true;
+    }
+    pending_.push_back(work);
+    cv_.notify_one();
+  }
+
+  void stop() {
+    {
+      std::lock_guard lock(mu_);
+      if (!started_) return;
+      stopping_ = true;
+      cv_.notify_one();
+    }
+    thread_.join();
+    std::lock_guard lock(mu_);
+    started_ = false;
+    pending_.clear();
+  }
+
+  ~ProgressEngine() {
+    if (thread_.joinable()) {
+      {
+        std::lock_guard lock(mu_);
+        stopping_ = true;
+        cv_.notify_one();
+      }
+      thread_.join();
+    }
+  }
+
+ private:
+  static bool available() {
+    if (!config().progress_thread) return false;
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&provided);
+    return provided == MPI_THREAD_MULTIPLE;
+  }
+
+  void loop() {
+    const auto interval = std::chrono::microseconds(config().progress_interval_us);
+    std::vector<std::shared_ptr<WorkState>> batch;
+    for (;;) {
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return stopping_ || !pending_.empty(); });
+        if (stopping_) return;
+        batch.clear();
+        std::erase_if(pending_, [](const std::weak_ptr<WorkState>& w) { return w.expired(); });
+        for (auto& w : pending_)
+          if (auto s = w.lock()) batch.push_back(std::move(s));
+      }
+      for (auto& s : batch) s->test();
+      {
+        std::lock_guard lock(mu_);
+        std::erase_if(pending_, [](const std::weak_ptr<WorkState>& w) {
+          auto s = w.lock();
+          return !s || s->settled();
+        });
+      }
+      batch.clear();  // never keep a Work's state alive from here
+      std::this_thread::sleep_for(interval);
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::weak_ptr<WorkState>> pending_;
+  std::thread thread_;
+  bool started_ = false;
+  bool stopping_ = false;
+};
+
+ProgressEngine& engine() {
+  static ProgressEngine e;
+  return e;
+}
+
+}  // namespace
+
+void progress_add(const std::shared_ptr<WorkState>& work) { engine().add(work); }
+void progress_stop() { engine().stop(); }
+
+}  // namespace td::detail
