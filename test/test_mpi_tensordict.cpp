@@ -36,7 +36,7 @@ std::vector<LeafSpec> random_layout(std::uint32_t seed, bool floats_only) {
   for (int i = 0; i < n; ++i) {
     std::vector<std::string> parts;
     const int depth = std::uniform_int_distribution<int>(1, 3)(rng);
-    for (int k = 0; k < depth; ++k) parts.push_back(std::string(1, static_cast<char>('a' + rng() % 4)) + std::to_string(i * 4 + k));
+    for (int k = 0; k < depth; ++k) parts.push_back(fmt::format("{}{}", static_cast<char>('a' + rng() % 4), i * 4 + k));
     const DType d = floats_only ? floats[rng() % 4] : any[rng() % 6];
     td::Shape shape;
     const int kind = static_cast<int>(rng() % 10);
@@ -179,7 +179,7 @@ TEST_CASE("two keys holding the same storage are reduced once; overlapping views
 
 TEST_CASE("the plan is cached across calls on the same layout", "[tensordict][plan]") {
   TensorDict d;
-  for (int i = 0; i < 20; ++i) d.set("p" + std::to_string(i), Tensor::full<float>({16}, 1.f));
+  for (int i = 0; i < 20; ++i) d.set(fmt::format("p{}", i), Tensor::full<float>({16}, 1.f));
   d.all_reduce(ReduceOp::SUM, {.bucket_bytes = 256});
   const auto before = td::packer_stats();
   for (int k = 0; k < 5; ++k) d.all_reduce(ReduceOp::SUM, {.bucket_bytes = 256});
@@ -194,17 +194,17 @@ TEST_CASE("the plan is cached across calls on the same layout", "[tensordict][pl
 TEST_CASE("consolidate: bucketed collectives run on the storage with no pack buffer", "[tensordict][consolidate]") {
   const int rank = td::get_rank(), size = td::get_world_size();
   TensorDict d;
-  for (int i = 0; i < 50; ++i) d.set({"g", "p" + std::to_string(i)}, make_input<float>(ReduceOp::SUM, rank, {37}));
+  for (int i = 0; i < 50; ++i) d.set({"g", fmt::format("p{}", i)}, make_input<float>(ReduceOp::SUM, rank, {37}));
   d.set("i", make_input<std::int64_t>(ReduceOp::SUM, rank, {5}));
   d.consolidate();
   td::reset_packer_stats();
   d.all_reduce(ReduceOp::SUM, {.bucket_bytes = 1024});
   CHECK(td::packer_stats().peak_extra_bytes == 0);
-  for (int i = 0; i < 50; ++i) CHECK(holds_expected<float>(d.get({"g", "p" + std::to_string(i)}), ReduceOp::SUM, size));
+  for (int i = 0; i < 50; ++i) CHECK(holds_expected<float>(d.get({"g", fmt::format("p{}", i)}), ReduceOp::SUM, size));
   CHECK(holds_expected<std::int64_t>(d.get("i"), ReduceOp::SUM, size));
   // without consolidate the same call needs a pack buffer, bounded by the cap
   TensorDict e;
-  for (int i = 0; i < 50; ++i) e.set({"g", "p" + std::to_string(i)}, make_input<float>(ReduceOp::SUM, rank, {37}));
+  for (int i = 0; i < 50; ++i) e.set({"g", fmt::format("p{}", i)}, make_input<float>(ReduceOp::SUM, rank, {37}));
   td::reset_packer_stats();
   e.all_reduce(ReduceOp::SUM, {.bucket_bytes = 1024});
   CHECK(td::packer_stats().peak_extra_bytes > 0);
@@ -283,7 +283,7 @@ TEST_CASE("async bucketed works outlive the dict", "[tensordict][async]") {
   Tensor keep;
   {
     TensorDict d;
-    for (int i = 0; i < 30; ++i) d.set("p" + std::to_string(i), make_input<float>(ReduceOp::SUM, rank, {100}));
+    for (int i = 0; i < 30; ++i) d.set(fmt::format("p{}", i), make_input<float>(ReduceOp::SUM, rank, {100}));
     keep = d.get("p7");
     works = d.all_reduce(ReduceOp::SUM, {.async_op = true, .bucket_bytes = 1200});
     CHECK(works.size() == 10);  // 400 B leaves, three to a bucket
