@@ -150,9 +150,10 @@ Analysis analyse(std::span<const LeafRef> leaves, const CollectiveCall& call) {
     if (call.kind != CollectiveKind::Broadcast && !supports(call.op, l.dtype))
       note_error(a.arg_error, fmt::format("op {} is not defined for dtype {} (key '{}')", name(call.op), name(l.dtype),
                                           leaves[i].key->str()));
-    if (l.sparse)
-      note_error(a.arg_error, fmt::format("key '{}' is a sparse tensor; sparse leaves are not supported by {} yet",
-                                          leaves[i].key->str(), call.name));
+    if (l.sparse && call.kind != CollectiveKind::Broadcast && call.op != ReduceOp::SUM && call.op != ReduceOp::AVG)
+      note_error(a.arg_error, fmt::format("op {} has no meaning for the sparse leaf '{}' (its missing entries are "
+                                          "zeros); use SUM or AVG, or to_dense() it first",
+                                          name(call.op), leaves[i].key->str()));
   }
   find_aliases(leaves, a);
   for (std::size_t i = 0; i < leaves.size(); ++i) {
@@ -447,6 +448,88 @@ void run_sync(const BucketPlan& plan, std::span<const LeafRef> leaves, const Col
   }
 }
 
+// Sparse leaves: every rank's (index, value) entries are gathered and duplicates summed, so the
+// result, densified, equals the dense reduction of the densified inputs. Never bucketed.
+void run_sparse(Tensor& leaf, const CollectiveCall& call, GroupState& g) {
+  const Shape shape = leaf.shape();
+  const DType dtype = leaf.dtype();
+  const auto ndim = static_cast<std::int64_t>(shape.size());
+  const bool root = g.rank == call.root;
+  std::int64_t nnz = 0;
+  Tensor entries, values;  // entries: [nnz, ndim] int64, entry-major so ranks' parts concatenate
+  if (call.kind != CollectiveKind::Broadcast || root) {
+    nnz = leaf.nnz();
+    entries = leaf.indices().transpose(0, 1).contiguous();
+    values = leaf.values().contiguous();
+  }
+  const MPI_Datatype vtype = mpi_datatype(dtype);
+  auto finish = [&](const Tensor& all_entries, const Tensor& all_values, std::int64_t total) {
+    Tensor indices = all_entries.view({total, ndim}).transpose(0, 1).contiguous();
+    Tensor result = Tensor::sparse_coo(indices, all_values, shape);
+    if (call.kind != CollectiveKind::Broadcast) {
+      result = result.coalesce();
+      if (call.op == ReduceOp::AVG) {
+        Tensor v = result.values();
+        divide_in_place(v.raw_data(), v.numel(), dtype, g.size);
+      }
+    }
+    leaf = result;
+  };
+  auto to_int = [&](std::int64_t n) {
+    if (n > INT_MAX) throw Error(fmt::format("{}: a sparse leaf with {} entries is too large for one message", call.name, n));
+    return static_cast<int>(n);
+  };
+  if (call.kind == CollectiveKind::Broadcast) {
+    TD_MPI_CHECK(MPI_Bcast(&nnz, 1, MPI_INT64_T, call.root, g.comm));
+    if (!root) {
+      entries = Tensor::empty({nnz, ndim}, DType::Int64);
+      values = Tensor::empty({nnz}, dtype);
+    }
+    TD_MPI_CHECK(MPI_Bcast(entries.raw_data(), to_int(nnz * ndim), MPI_INT64_T, call.root, g.comm));
+    TD_MPI_CHECK(MPI_Bcast(values.raw_data(), to_int(nnz), vtype, call.root, g.comm));
+    if (!root) finish(entries, values, nnz);
+    return;
+  }
+  const bool gathers = call.kind == CollectiveKind::AllReduce || root;
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(g.size));
+  if (call.kind == CollectiveKind::AllReduce) {
+    TD_MPI_CHECK(MPI_Allgather(&nnz, 1, MPI_INT64_T, counts.data(), 1, MPI_INT64_T, g.comm));
+  } else {
+    TD_MPI_CHECK(MPI_Gather(&nnz, 1, MPI_INT64_T, counts.data(), 1, MPI_INT64_T, call.root, g.comm));
+  }
+  std::vector<int> ecount(counts.size()), edispl(counts.size()), vcount(counts.size()), vdispl(counts.size());
+  std::int64_t total = 0;
+  if (gathers) {
+    for (std::size_t r = 0; r < counts.size(); ++r) {
+      vcount[r] = to_int(counts[r]);
+      vdispl[r] = to_int(total);
+      ecount[r] = to_int(counts[r] * ndim);
+      edispl[r] = to_int(total * ndim);
+      total += counts[r];
+    }
+    to_int(total * ndim);
+  }
+  Tensor all_entries = Tensor::empty({gathers ? total * ndim : 0}, DType::Int64);
+  Tensor all_values = Tensor::empty({gathers ? total : 0}, dtype);
+  if (call.kind == CollectiveKind::AllReduce) {
+    TD_MPI_CHECK(MPI_Allgatherv(entries.raw_data(), to_int(nnz * ndim), MPI_INT64_T, all_entries.raw_data(),
+                                ecount.data(), edispl.data(), MPI_INT64_T, g.comm));
+    TD_MPI_CHECK(MPI_Allgatherv(values.raw_data(), to_int(nnz), vtype, all_values.raw_data(), vcount.data(),
+                                vdispl.data(), vtype, g.comm));
+  } else {
+    TD_MPI_CHECK(MPI_Gatherv(entries.raw_data(), to_int(nnz * ndim), MPI_INT64_T, all_entries.raw_data(),
+                             ecount.data(), edispl.data(), MPI_INT64_T, call.root, g.comm));
+    TD_MPI_CHECK(MPI_Gatherv(values.raw_data(), to_int(nnz), vtype, all_values.raw_data(), vcount.data(),
+                             vdispl.data(), vtype, call.root, g.comm));
+  }
+  if (gathers) finish(all_entries, all_values, total);
+}
+
+void run_sparse_leaves(const BucketPlan& plan, std::span<const LeafRef> leaves, const CollectiveCall& call,
+                       GroupState& g) {
+  for (std::size_t i : plan.sparse_leaves) run_sparse(*leaves[i].tensor, call, g);
+}
+
 std::vector<Work> run_async(const BucketPlan& plan, std::span<const LeafRef> leaves, const CollectiveCall& call,
                             const std::shared_ptr<GroupState>& g, Clock::time_point deadline) {
   const Roles roles = roles_of(call, g->rank);
@@ -534,8 +617,15 @@ std::vector<Work> run_collective(std::span<const LeafRef> leaves, const Collecti
   if (cap && *cap == kAutoBucketBytes) cap = tuned_bucket_bytes(*g, deadline);
   const auto plan = plan_for(*g, a, cap);
   log_debug([&] { return fmt::format("{}: {}", call_header(call, cap, g->size), plan->describe()); });
-  if (opts.async_op) return run_async(*plan, leaves, call, g, deadline);
+  if (opts.async_op) {
+    // Sparse leaves finish before the Works are returned: their sizes are only known after a
+    // first exchange, so they run eagerly (documented in docs/collectives.md).
+    auto works = run_async(*plan, leaves, call, g, deadline);
+    run_sparse_leaves(*plan, leaves, call, *g);
+    return works;
+  }
   run_sync(*plan, leaves, call, *g);
+  run_sparse_leaves(*plan, leaves, call, *g);
   return {};
 }
 

@@ -3,6 +3,7 @@
 // until wait(). This thread tests the pending operations every few tens of microseconds (sleeping
 // in between, so it costs the caller's computation little CPU) and sleeps on a condition
 // variable when nothing is pending.
+#include <atomic>
 #include <condition_variable>
 #include <thread>
 
@@ -18,7 +19,6 @@ class ProgressEngine {
   void add(const std::shared_ptr<WorkState>& work) {
     std::lock_guard lock(mu_);
     if (!started_) {
-      if (!available()) return;
       stopping_ = false;
       thread_ = std::thread([this] { loop(); });
       started_ = true;
@@ -52,13 +52,6 @@ class ProgressEngine {
   }
 
  private:
-  static bool available() {
-    if (!config().progress_thread) return false;
-    int provided = MPI_THREAD_SINGLE;
-    MPI_Query_thread(&provided);
-    return provided == MPI_THREAD_MULTIPLE;
-  }
-
   void loop() {
     const auto interval = std::chrono::microseconds(config().progress_interval_us);
     std::vector<std::shared_ptr<WorkState>> batch;
@@ -93,6 +86,8 @@ class ProgressEngine {
   bool stopping_ = false;
 };
 
+std::atomic<int> g_enabled{-1};  // -1: not decided yet (TD_PROGRESS_THREAD decides)
+
 ProgressEngine& engine() {
   static ProgressEngine e;
   return e;
@@ -100,7 +95,24 @@ ProgressEngine& engine() {
 
 }  // namespace
 
-void progress_add(const std::shared_ptr<WorkState>& work) { engine().add(work); }
+void progress_add(const std::shared_ptr<WorkState>& work) {
+  if (async_progress_enabled()) engine().add(work);
+}
 void progress_stop() { engine().stop(); }
 
 }  // namespace td::detail
+
+namespace td {
+
+void set_async_progress(bool enabled) { detail::g_enabled = enabled ? 1 : 0; }
+
+bool async_progress_enabled() {
+  if (detail::g_enabled < 0) detail::g_enabled = detail::config().progress_thread ? 1 : 0;
+  if (detail::g_enabled == 0) return false;
+  int provided = MPI_THREAD_SINGLE, initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) MPI_Query_thread(&provided);
+  return provided == MPI_THREAD_MULTIPLE;
+}
+
+}  // namespace td

@@ -291,3 +291,28 @@ TEST_CASE("async bucketed works outlive the dict", "[tensordict][async]") {
   td::wait_all(works);
   CHECK(holds_expected<float>(keep, ReduceOp::SUM, size));
 }
+
+TEST_CASE("bucketed: every dtype x every op it supports, several leaves per dtype", "[tensordict][dtypes]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  for (ReduceOp op : kAllOps) {
+    for (std::optional<std::size_t> cap : {std::optional<std::size_t>{}, std::optional<std::size_t>{64}}) {
+      TensorDict d;
+      for (std::size_t k = 0; k < td::kNumDTypes; ++k) {
+        const auto dtype = static_cast<DType>(k);
+        if (!td::supports(op, dtype)) continue;
+        td::visit(dtype, [&](auto tag) {
+          using T = typename decltype(tag)::type;
+          for (int j = 0; j < 3; ++j) d.set({std::string(td::name(dtype)), fmt::format("l{}", j)}, make_input<T>(op, rank, {5 + j}));
+        });
+      }
+      d.all_reduce(op, {.bucket_bytes = cap});
+      for (const auto& [key, t] : d.items()) {
+        td::visit(t.dtype(), [&](auto tag) {
+          using T = typename decltype(tag)::type;
+          INFO(key.str() << " " << td::name(op));
+          CHECK(holds_expected<T>(t, op, size));
+        });
+      }
+    }
+  }
+}
