@@ -4,23 +4,23 @@
 // enough; past some size the implementation switches algorithm or runs out of cache and T(n)
 // jumps (here: 32 MiB costs ~4x 16 MiB). A bucketed all_reduce of S bytes with buckets of B bytes
 // costs about ceil(S/B) * T(B) plus the pack copies, so the best B is the size whose
-// per-byte cost T(B)/B is lowest. We time a ladder of sizes (the MAX over ranks, the fastest of a few
-// repetitions, so every rank sees the same numbers and picks the same B), fit alpha and beta on
+// per-byte cost T(B)/B is lowest. We time a ladder of sizes (the MAX over ranks, the fastest of a
+// few repetitions, so every rank sees the same numbers and picks the same B), fit alpha and beta on
 // the sizes before the cliff for the log, and pick the smallest size within 5% of the best
 // per-byte cost (smaller buckets mean less pack memory and earlier async completion).
 //
 // The result is cached per group in memory and on disk per (hosts, rank count, MPI library) in
 // $TD_CACHE_DIR or $XDG_CACHE_HOME/tensordict-mpi or ~/.cache/tensordict-mpi; rank 0 reads the
 // file and broadcasts, so ranks agree even if their caches differ.
+#include <unistd.h>
 #include <algorithm>
 #include <array>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <numeric>
-#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -34,15 +34,17 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr std::array<std::size_t, 8> kLadder = {std::size_t{16} << 10, std::size_t{64} << 10, std::size_t{256} << 10,
-                                                std::size_t{1} << 20,  std::size_t{2} << 20,  std::size_t{4} << 20,
-                                                std::size_t{8} << 20,  std::size_t{16} << 20};
+constexpr std::array<std::size_t, 8> kLadder = {
+    std::size_t{16} << 10, std::size_t{64} << 10, std::size_t{256} << 10, std::size_t{1} << 20,
+    std::size_t{2} << 20,  std::size_t{4} << 20,  std::size_t{8} << 20,   std::size_t{16} << 20};
 constexpr std::size_t kFallback = std::size_t{4} << 20;
 
 std::filesystem::path cache_dir() {
   if (const char* d = std::getenv("TD_CACHE_DIR"); d && *d) return d;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::filesystem::path(x) / "tensordict-mpi";
-  if (const char* h = std::getenv("HOME"); h && *h) return std::filesystem::path(h) / ".cache" / "tensordict-mpi";
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x)
+    return std::filesystem::path(x) / "tensordict-mpi";
+  if (const char* h = std::getenv("HOME"); h && *h)
+    return std::filesystem::path(h) / ".cache" / "tensordict-mpi";
   return {};
 }
 
@@ -117,8 +119,8 @@ std::size_t measure(GroupState& g) {
     std::string ladder;
     for (std::size_t i = 0; i < kLadder.size(); ++i)
       ladder += fmt::format(" {}KiB:{:.3f}ms", kLadder[i] >> 10, times[i] * 1e3);
-    return fmt::format("auto bucket size: {} KiB (alpha {:.1f} us, beta {:.2f} GB/s; ladder{})", pick >> 10,
-                       alpha * 1e6, slope > 0 ? 1e-9 / slope : 0.0, ladder);
+    return fmt::format("auto bucket size: {} KiB (alpha {:.1f} us, beta {:.2f} GB/s; ladder{})",
+                       pick >> 10, alpha * 1e6, slope > 0 ? 1e-9 / slope : 0.0, ladder);
   });
   return pick;
 }

@@ -67,7 +67,8 @@ std::string BucketPlan::check(const std::vector<LeafLayout>& leaves) const {
     std::size_t offset = 0;
     for (std::size_t s = 0; s < bk.slots.size(); ++s) {
       const Slot& sl = bk.slots[s];
-      if (sl.leaf >= leaves.size()) return fmt::format("bucket {} names leaf {} of {}", b, sl.leaf, leaves.size());
+      if (sl.leaf >= leaves.size())
+        return fmt::format("bucket {} names leaf {} of {}", b, sl.leaf, leaves.size());
       const LeafLayout& leaf = leaves[sl.leaf];
       if (s > 0 && sl.leaf <= bk.slots[s - 1].leaf)
         return fmt::format("bucket {}: leaves not in canonical order", b);
@@ -76,19 +77,25 @@ std::string BucketPlan::check(const std::vector<LeafLayout>& leaves) const {
       if (leaf.alias_of >= 0) return fmt::format("bucket {} holds alias leaf {}", b, sl.leaf);
       if (!leaf.contiguous && bk.slots.size() > 1)
         return fmt::format("bucket {} packs non-contiguous leaf {} with others", b, sl.leaf);
-      if (sl.offset != offset) return fmt::format("bucket {}: slot {} at offset {}, expected {}", b, s, sl.offset, offset);
-      if (sl.nbytes != leaf.nbytes()) return fmt::format("bucket {}: slot {} has {} bytes, leaf has {}", b, s, sl.nbytes, leaf.nbytes());
+      if (sl.offset != offset)
+        return fmt::format("bucket {}: slot {} at offset {}, expected {}", b, s, sl.offset, offset);
+      if (sl.nbytes != leaf.nbytes())
+        return fmt::format("bucket {}: slot {} has {} bytes, leaf has {}", b, s, sl.nbytes,
+                           leaf.nbytes());
       offset += sl.nbytes;
       ++seen[sl.leaf];
     }
-    if (offset != bk.nbytes) return fmt::format("bucket {}: {} bytes recorded, slots hold {}", b, bk.nbytes, offset);
+    if (offset != bk.nbytes)
+      return fmt::format("bucket {}: {} bytes recorded, slots hold {}", b, bk.nbytes, offset);
     if (cap && bk.nbytes > *cap && bk.slots.size() > 1)
-      return fmt::format("bucket {} holds {} bytes in {} leaves, over the cap of {}", b, bk.nbytes, bk.slots.size(), *cap);
+      return fmt::format("bucket {} holds {} bytes in {} leaves, over the cap of {}", b, bk.nbytes,
+                         bk.slots.size(), *cap);
     if (!cap && bk.slots.size() > 1) return fmt::format("bucket {} packs leaves without a cap", b);
   }
   for (std::size_t i : sparse_leaves) seen[i] += leaves[i].sparse ? 1 : 100;
   for (std::size_t i : skipped_leaves) {
-    const bool skippable = leaves[i].alias_of >= 0 || (leaves[i].nbytes() == 0 && !leaves[i].sparse);
+    const bool skippable =
+        leaves[i].alias_of >= 0 || (leaves[i].nbytes() == 0 && !leaves[i].sparse);
     seen[i] += skippable ? 1 : 100;
   }
   for (std::size_t i = 0; i < leaves.size(); ++i)
@@ -98,12 +105,13 @@ std::string BucketPlan::check(const std::vector<LeafLayout>& leaves) const {
 
 std::string BucketPlan::describe() const {
   std::string out = fmt::format("{} buckets (cap {}), {} sparse, {} skipped\n", buckets.size(),
-                                cap ? fmt::format("{} B", *cap) : std::string("none"), sparse_leaves.size(),
-                                skipped_leaves.size());
+                                cap ? fmt::format("{} B", *cap) : std::string("none"),
+                                sparse_leaves.size(), skipped_leaves.size());
   for (std::size_t b = 0; b < buckets.size(); ++b) {
     const Bucket& bk = buckets[b];
-    out += fmt::format("  bucket {}: {} {} B, {} leaves (first #{}){}\n", b, name(bk.dtype), bk.nbytes, bk.slots.size(),
-                       bk.slots.front().leaf, bk.strided ? ", strided" : "");
+    out +=
+        fmt::format("  bucket {}: {} {} B, {} leaves (first #{}){}\n", b, name(bk.dtype), bk.nbytes,
+                    bk.slots.size(), bk.slots.front().leaf, bk.strided ? ", strided" : "");
   }
   return out;
 }

@@ -30,7 +30,8 @@ std::string leaf_str(const LeafLayout& l, std::span<const LeafRef> leaves) {
   std::string s = fmt::format("{}{}", name(l.dtype), shape_str(l.shape));
   if (l.sparse) s += " sparse";
   if (!l.contiguous && !l.sparse) s += " non-contiguous";
-  if (l.alias_of >= 0) s += fmt::format(" alias of '{}'", leaves[static_cast<std::size_t>(l.alias_of)].key->str());
+  if (l.alias_of >= 0)
+    s += fmt::format(" alias of '{}'", leaves[static_cast<std::size_t>(l.alias_of)].key->str());
   return s;
 }
 
@@ -44,7 +45,7 @@ std::string cap_str(std::optional<std::size_t> cap) {
 
 struct Analysis {
   std::vector<LeafLayout> layout;
-  std::string arg_error;       // first bad argument found on this rank ("" if none)
+  std::string arg_error;          // first bad argument found on this rank ("" if none)
   std::uint64_t layout_hash = 0;  // keys + layouts: the plan cache key
 };
 
@@ -96,8 +97,10 @@ void find_aliases(std::span<const LeafRef> leaves, Analysis& a) {
   auto by_place = [](const Extent& x, const Extent& y) {
     return std::tie(x.storage, x.lo, x.leaf) < std::tie(y.storage, y.lo, y.leaf);
   };
-  if (!std::is_sorted(ext.begin(), ext.end(), by_place)) std::sort(ext.begin(), ext.end(), by_place);
-  std::vector<std::size_t> active;  // earlier extents of this storage that may reach the current one
+  if (!std::is_sorted(ext.begin(), ext.end(), by_place))
+    std::sort(ext.begin(), ext.end(), by_place);
+  std::vector<std::size_t>
+      active;  // earlier extents of this storage that may reach the current one
   for (std::size_t e = 0; e < ext.size(); ++e) {
     if (e > 0 && ext[e].storage != ext[e - 1].storage) active.clear();
     const Extent& cur = ext[e];
@@ -105,8 +108,8 @@ void find_aliases(std::span<const LeafRef> leaves, Analysis& a) {
     for (std::size_t p : active) {
       const Tensor& x = *leaves[ext[p].leaf].tensor;
       const Tensor& y = *leaves[cur.leaf].tensor;
-      const bool identical = ext[p].lo == cur.lo && x.dtype() == y.dtype() && x.shape() == y.shape() &&
-                             x.strides() == y.strides();
+      const bool identical = ext[p].lo == cur.lo && x.dtype() == y.dtype() &&
+                             x.shape() == y.shape() && x.strides() == y.strides();
       if (identical) {
         // the first key in canonical order owns the region; ext is sorted by leaf among equals
         const std::size_t owner = a.layout[ext[p].leaf].alias_of >= 0
@@ -119,13 +122,16 @@ void find_aliases(std::span<const LeafRef> leaves, Analysis& a) {
       if (!overlap) {
         const auto ox = element_offsets(x), oy = element_offsets(y);
         std::vector<std::int64_t> common;
-        std::set_intersection(ox.begin(), ox.end(), oy.begin(), oy.end(), std::back_inserter(common));
+        std::set_intersection(ox.begin(), ox.end(), oy.begin(), oy.end(),
+                              std::back_inserter(common));
         overlap = !common.empty();
       }
       if (overlap) {
-        note_error(a.arg_error, fmt::format("keys '{}' and '{}' hold overlapping but different views of one storage; "
-                                            "reducing both would count shared elements twice",
-                                            leaves[ext[p].leaf].key->str(), leaves[cur.leaf].key->str()));
+        note_error(
+            a.arg_error,
+            fmt::format("keys '{}' and '{}' hold overlapping but different views of one storage; "
+                        "reducing both would count shared elements twice",
+                        leaves[ext[p].leaf].key->str(), leaves[cur.leaf].key->str()));
       }
     }
     if (a.layout[cur.leaf].alias_of < 0) active.push_back(e);
@@ -140,7 +146,8 @@ Analysis analyse(std::span<const LeafRef> leaves, const CollectiveCall& call) {
     const Tensor& t = *leaves[i].tensor;
     LeafLayout& l = a.layout[i];
     if (!t.defined()) {
-      note_error(a.arg_error, fmt::format("key '{}' holds an undefined tensor", leaves[i].key->str()));
+      note_error(a.arg_error,
+                 fmt::format("key '{}' holds an undefined tensor", leaves[i].key->str()));
       continue;
     }
     l.dtype = t.dtype();
@@ -148,19 +155,23 @@ Analysis analyse(std::span<const LeafRef> leaves, const CollectiveCall& call) {
     l.sparse = t.is_sparse();
     l.contiguous = !l.sparse && t.is_contiguous();
     if (call.kind != CollectiveKind::Broadcast && !supports(call.op, l.dtype))
-      note_error(a.arg_error, fmt::format("op {} is not defined for dtype {} (key '{}')", name(call.op), name(l.dtype),
-                                          leaves[i].key->str()));
-    if (l.sparse && call.kind != CollectiveKind::Broadcast && call.op != ReduceOp::SUM && call.op != ReduceOp::AVG)
-      note_error(a.arg_error, fmt::format("op {} has no meaning for the sparse leaf '{}' (its missing entries are "
-                                          "zeros); use SUM or AVG, or to_dense() it first",
-                                          name(call.op), leaves[i].key->str()));
+      note_error(a.arg_error, fmt::format("op {} is not defined for dtype {} (key '{}')",
+                                          name(call.op), name(l.dtype), leaves[i].key->str()));
+    if (l.sparse && call.kind != CollectiveKind::Broadcast && call.op != ReduceOp::SUM &&
+        call.op != ReduceOp::AVG)
+      note_error(
+          a.arg_error,
+          fmt::format("op {} has no meaning for the sparse leaf '{}' (its missing entries are "
+                      "zeros); use SUM or AVG, or to_dense() it first",
+                      name(call.op), leaves[i].key->str()));
   }
   find_aliases(leaves, a);
   for (std::size_t i = 0; i < leaves.size(); ++i) {
     const LeafLayout& l = a.layout[i];
     h = mix(h, leaves[i].key_hash);
     h = mix(h, static_cast<std::uint64_t>(l.dtype) | (std::uint64_t{l.contiguous} << 8) |
-                   (std::uint64_t{l.sparse} << 9) | (static_cast<std::uint64_t>(l.alias_of + 1) << 10));
+                   (std::uint64_t{l.sparse} << 9) |
+                   (static_cast<std::uint64_t>(l.alias_of + 1) << 10));
     h = mix(h, l.shape.size());
     for (auto s : l.shape) h = mix(h, static_cast<std::uint64_t>(s));
   }
@@ -170,7 +181,8 @@ Analysis analyse(std::span<const LeafRef> leaves, const CollectiveCall& call) {
 
 // ---- agreement across ranks ---------------------------------------------------------------
 
-std::string call_header(const CollectiveCall& call, std::optional<std::size_t> cap, int group_size) {
+std::string call_header(const CollectiveCall& call, std::optional<std::size_t> cap,
+                        int group_size) {
   std::string h = fmt::format("{}(", call.name);
   if (call.kind != CollectiveKind::Broadcast) h += fmt::format("op={}, ", name(call.op));
   if (call.kind == CollectiveKind::Reduce) h += fmt::format("dst={}, ", call.root);
@@ -194,7 +206,8 @@ std::vector<std::string> split_lines(const std::string& s) {
 std::string by_rank(const std::vector<std::string>& texts) {
   std::vector<std::pair<std::string, std::vector<int>>> groups;
   for (std::size_t r = 0; r < texts.size(); ++r) {
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == texts[r]; });
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& g) { return g.first == texts[r]; });
     if (it == groups.end()) {
       groups.push_back({texts[r], {static_cast<int>(r)}});
     } else {
@@ -211,9 +224,10 @@ std::string by_rank(const std::vector<std::string>& texts) {
 
 // Slow path after a failed fingerprint check: every rank gathers every rank's description and
 // throws the same error.
-[[noreturn]] void explain_disagreement(GroupState& g, const CollectiveCall& call, const std::string& header,
-                                       const std::string& arg_error, std::span<const LeafRef> leaves,
-                                       const Analysis& a, Clock::time_point deadline) {
+[[noreturn]] void explain_disagreement(GroupState& g, const CollectiveCall& call,
+                                       const std::string& header, const std::string& arg_error,
+                                       std::span<const LeafRef> leaves, const Analysis& a,
+                                       Clock::time_point deadline) {
   std::string desc = header + "\n" + arg_error + "\n";
   for (std::size_t i = 0; i < leaves.size(); ++i)
     desc += leaves[i].key->str() + "\t" + leaf_str(a.layout[i], leaves) + "\n";
@@ -221,34 +235,42 @@ std::string by_rank(const std::vector<std::string>& texts) {
   int my_len = static_cast<int>(desc.size());
   MPI_Request req = MPI_REQUEST_NULL;
   auto describe = [&] {
-    return fmt::format("{}: ranks disagree on the layout, and gathering the details did not complete", call.name);
+    return fmt::format(
+        "{}: ranks disagree on the layout, and gathering the details did not complete", call.name);
   };
   TD_MPI_CHECK(MPI_Iallgather(&my_len, 1, MPI_INT, lens->data(), 1, MPI_INT, g.comm, &req));
   wait_until(req, deadline, describe, lens);
   std::vector<int> displs(lens->size(), 0);
   for (std::size_t r = 1; r < lens->size(); ++r) displs[r] = displs[r - 1] + (*lens)[r - 1];
-  auto all = std::make_shared<std::string>(static_cast<std::size_t>(displs.back() + lens->back()), '\0');
+  auto all =
+      std::make_shared<std::string>(static_cast<std::size_t>(displs.back() + lens->back()), '\0');
   auto mine = std::make_shared<std::string>(desc);
-  TD_MPI_CHECK(MPI_Iallgatherv(mine->data(), my_len, MPI_CHAR, all->data(), lens->data(), displs.data(), MPI_CHAR,
-                               g.comm, &req));
-  wait_until(req, deadline, describe, std::make_shared<std::pair<decltype(all), decltype(mine)>>(all, mine));
+  TD_MPI_CHECK(MPI_Iallgatherv(mine->data(), my_len, MPI_CHAR, all->data(), lens->data(),
+                               displs.data(), MPI_CHAR, g.comm, &req));
+  wait_until(req, deadline, describe,
+             std::make_shared<std::pair<decltype(all), decltype(mine)>>(all, mine));
 
   std::vector<std::vector<std::string>> lines;
   for (std::size_t r = 0; r < lens->size(); ++r)
-    lines.push_back(split_lines(all->substr(static_cast<std::size_t>(displs[r]), static_cast<std::size_t>((*lens)[r]))));
+    lines.push_back(split_lines(
+        all->substr(static_cast<std::size_t>(displs[r]), static_cast<std::size_t>((*lens)[r]))));
   const std::size_t ranks = lines.size();
-  auto line_at = [&](std::size_t r, std::size_t i) { return i < lines[r].size() ? lines[r][i] : std::string(); };
+  auto line_at = [&](std::size_t r, std::size_t i) {
+    return i < lines[r].size() ? lines[r][i] : std::string();
+  };
 
   // Bad arguments anywhere: every rank reports the first rank's error as std::invalid_argument.
   for (std::size_t r = 0; r < ranks; ++r) {
     const std::string err = line_at(r, 1);
     if (!err.empty())
-      throw std::invalid_argument(fmt::format("{}: invalid argument on rank {}: {}", call.name, r, err));
+      throw std::invalid_argument(
+          fmt::format("{}: invalid argument on rank {}: {}", call.name, r, err));
   }
   std::vector<std::string> headers;
   for (std::size_t r = 0; r < ranks; ++r) headers.push_back(line_at(r, 0));
   if (std::adjacent_find(headers.begin(), headers.end(), std::not_equal_to<>()) != headers.end())
-    throw LayoutMismatchError(fmt::format("{}: ranks called different collectives or arguments: {}", call.name, by_rank(headers)));
+    throw LayoutMismatchError(fmt::format("{}: ranks called different collectives or arguments: {}",
+                                          call.name, by_rank(headers)));
 
   std::size_t longest = 0;
   for (const auto& l : lines) longest = std::max(longest, l.size());
@@ -256,7 +278,8 @@ std::string by_rank(const std::vector<std::string>& texts) {
     std::vector<std::string> at;
     for (std::size_t r = 0; r < ranks; ++r) at.push_back(line_at(r, i));
     if (std::adjacent_find(at.begin(), at.end(), std::not_equal_to<>()) == at.end()) continue;
-    // First differing position: name the smallest key present there, and what each rank holds for it.
+    // First differing position: name the smallest key present there, and what each rank holds for
+    // it.
     std::string key;
     for (const auto& s : at) {
       if (s.empty()) continue;
@@ -272,16 +295,19 @@ std::string by_rank(const std::vector<std::string>& texts) {
       }
       holds.push_back(found);
     }
-    throw LayoutMismatchError(fmt::format("{}: the ranks' TensorDicts differ at key '{}': {} (nothing was reduced)",
-                                          call.name, key, by_rank(holds)));
+    throw LayoutMismatchError(
+        fmt::format("{}: the ranks' TensorDicts differ at key '{}': {} (nothing was reduced)",
+                    call.name, key, by_rank(holds)));
   }
-  throw LayoutMismatchError(fmt::format("{}: the ranks' layouts hash differently but print identically", call.name));
+  throw LayoutMismatchError(
+      fmt::format("{}: the ranks' layouts hash differently but print identically", call.name));
 }
 
 // One small collective: do all ranks hold the same fingerprint? (MAX of h and of ~h: both equal
 // the local values on every rank exactly when all fingerprints are equal.)
-void agree(GroupState& g, const CollectiveCall& call, std::optional<std::size_t> cap, const std::string& arg_error,
-           std::span<const LeafRef> leaves, const Analysis& a, Clock::time_point deadline) {
+void agree(GroupState& g, const CollectiveCall& call, std::optional<std::size_t> cap,
+           const std::string& arg_error, std::span<const LeafRef> leaves, const Analysis& a,
+           Clock::time_point deadline) {
   const std::string header = call_header(call, cap, g.size);
   std::uint64_t h = a.layout_hash;
   for (unsigned char c : header) h = mix(h, c);
@@ -294,11 +320,13 @@ void agree(GroupState& g, const CollectiveCall& call, std::optional<std::size_t>
   wait_until(
       req, deadline,
       [&] {
-        return fmt::format("{}: not every rank of the group of {} joined the collective (first key '{}')", call.name,
-                           g.size, leaves.empty() ? std::string("<none>") : leaves[0].key->str());
+        return fmt::format(
+            "{}: not every rank of the group of {} joined the collective (first key '{}')",
+            call.name, g.size, leaves.empty() ? std::string("<none>") : leaves[0].key->str());
       },
       buf);
-  if ((*buf)[0] != h || (*buf)[1] != ~h) explain_disagreement(g, call, header, arg_error, leaves, a, deadline);
+  if ((*buf)[0] != h || (*buf)[1] != ~h)
+    explain_disagreement(g, call, header, arg_error, leaves, a, deadline);
 }
 
 // ---- moving the data -----------------------------------------------------------------------
@@ -325,8 +353,9 @@ void pack(const BucketPlan::Bucket& b, std::span<const LeafRef> leaves, std::byt
   for (const auto& slot : b.slots) {
     const Tensor& t = *leaves[slot.leaf].tensor;
     if (b.strided) {
-      strided_copy(dst + slot.offset, contiguous_strides(t.shape()), static_cast<const std::byte*>(t.raw_data()),
-                   t.strides(), t.shape(), itemsize(t.dtype()));
+      strided_copy(dst + slot.offset, contiguous_strides(t.shape()),
+                   static_cast<const std::byte*>(t.raw_data()), t.strides(), t.shape(),
+                   itemsize(t.dtype()));
     } else {
       std::memcpy(dst + slot.offset, t.raw_data(), slot.nbytes);
     }
@@ -346,15 +375,18 @@ void unpack(const BucketPlan::Bucket& b, std::span<const LeafRef> leaves, const 
 }
 
 struct Roles {
-  bool sends;    // this rank's data is an input
-  bool receives; // this rank holds the result afterwards
+  bool sends;     // this rank's data is an input
+  bool receives;  // this rank holds the result afterwards
 };
 
 Roles roles_of(const CollectiveCall& call, int rank) {
   switch (call.kind) {
-    case CollectiveKind::AllReduce: return {true, true};
-    case CollectiveKind::Reduce: return {true, rank == call.root};
-    case CollectiveKind::Broadcast: return {rank == call.root, rank != call.root};
+    case CollectiveKind::AllReduce:
+      return {true, true};
+    case CollectiveKind::Reduce:
+      return {true, rank == call.root};
+    case CollectiveKind::Broadcast:
+      return {rank == call.root, rank != call.root};
   }
   return {true, true};
 }
@@ -363,14 +395,15 @@ Roles roles_of(const CollectiveCall& call, int rank) {
 template <class F>
 void for_each_message(std::size_t nbytes, DType dtype, std::size_t max_message_bytes, F&& f) {
   const std::size_t isz = itemsize(dtype);
-  const std::size_t per = std::max<std::size_t>(1, std::min<std::size_t>(max_message_bytes / isz, INT_MAX));
+  const std::size_t per =
+      std::max<std::size_t>(1, std::min<std::size_t>(max_message_bytes / isz, INT_MAX));
   const std::size_t total = nbytes / isz;
   for (std::size_t first = 0; first < total; first += per)
     f(first * isz, static_cast<int>(std::min(per, total - first)));
 }
 
-void start_or_run(const CollectiveCall& call, int rank, MPI_Comm comm, std::byte* p, int count, DType dtype,
-                  MPI_Request* req) {
+void start_or_run(const CollectiveCall& call, int rank, MPI_Comm comm, std::byte* p, int count,
+                  DType dtype, MPI_Request* req) {
   const MPI_Datatype type = mpi_datatype(dtype);
   switch (call.kind) {
     case CollectiveKind::AllReduce: {
@@ -404,12 +437,13 @@ void start_or_run(const CollectiveCall& call, int rank, MPI_Comm comm, std::byte
   }
 }
 
-std::string bucket_desc(const CollectiveCall& call, const BucketPlan& plan, std::size_t b, std::span<const LeafRef> leaves,
-                        int group_size) {
+std::string bucket_desc(const CollectiveCall& call, const BucketPlan& plan, std::size_t b,
+                        std::span<const LeafRef> leaves, int group_size) {
   const auto& bk = plan.buckets[b];
-  return fmt::format("{} of bucket {} of {} ({}, {} B, {} leaves, first key '{}') in a group of {} ranks", call.name, b,
-                     plan.buckets.size(), name(bk.dtype), bk.nbytes, bk.slots.size(),
-                     leaves[bk.slots[0].leaf].key->str(), group_size);
+  return fmt::format(
+      "{} of bucket {} of {} ({}, {} B, {} leaves, first key '{}') in a group of {} ranks",
+      call.name, b, plan.buckets.size(), name(bk.dtype), bk.nbytes, bk.slots.size(),
+      leaves[bk.slots[0].leaf].key->str(), group_size);
 }
 
 std::mutex g_stats_mu;
@@ -420,7 +454,8 @@ void note_extra_bytes(std::size_t n) {
   g_stats.peak_extra_bytes = std::max(g_stats.peak_extra_bytes, n);
 }
 
-void run_sync(const BucketPlan& plan, std::span<const LeafRef> leaves, const CollectiveCall& call, GroupState& g) {
+void run_sync(const BucketPlan& plan, std::span<const LeafRef> leaves, const CollectiveCall& call,
+              GroupState& g) {
   const Roles roles = roles_of(call, g.rank);
   std::size_t need = 0;
   std::vector<char> direct(plan.buckets.size());
@@ -437,13 +472,15 @@ void run_sync(const BucketPlan& plan, std::span<const LeafRef> leaves, const Col
   }
   for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
     const auto& bk = plan.buckets[b];
-    std::byte* p = direct[b] ? static_cast<std::byte*>(leaves[bk.slots[0].leaf].tensor->raw_data()) : scratch->data;
+    std::byte* p = direct[b] ? static_cast<std::byte*>(leaves[bk.slots[0].leaf].tensor->raw_data())
+                             : scratch->data;
     if (!direct[b] && roles.sends) pack(bk, leaves, p);
     for_each_message(bk.nbytes, bk.dtype, plan.max_message_bytes, [&](std::size_t off, int count) {
       start_or_run(call, g.rank, g.comm, p + off, count, bk.dtype, nullptr);
     });
     if (roles.receives && call.op == ReduceOp::AVG && call.kind != CollectiveKind::Broadcast)
-      divide_in_place(p, static_cast<std::int64_t>(bk.nbytes / itemsize(bk.dtype)), bk.dtype, g.size);
+      divide_in_place(p, static_cast<std::int64_t>(bk.nbytes / itemsize(bk.dtype)), bk.dtype,
+                      g.size);
     if (!direct[b] && roles.receives) unpack(bk, leaves, p);
   }
 }
@@ -476,7 +513,9 @@ void run_sparse(Tensor& leaf, const CollectiveCall& call, GroupState& g) {
     leaf = result;
   };
   auto to_int = [&](std::int64_t n) {
-    if (n > INT_MAX) throw Error(fmt::format("{}: a sparse leaf with {} entries is too large for one message", call.name, n));
+    if (n > INT_MAX)
+      throw Error(fmt::format("{}: a sparse leaf with {} entries is too large for one message",
+                              call.name, n));
     return static_cast<int>(n);
   };
   if (call.kind == CollectiveKind::Broadcast) {
@@ -495,9 +534,11 @@ void run_sparse(Tensor& leaf, const CollectiveCall& call, GroupState& g) {
   if (call.kind == CollectiveKind::AllReduce) {
     TD_MPI_CHECK(MPI_Allgather(&nnz, 1, MPI_INT64_T, counts.data(), 1, MPI_INT64_T, g.comm));
   } else {
-    TD_MPI_CHECK(MPI_Gather(&nnz, 1, MPI_INT64_T, counts.data(), 1, MPI_INT64_T, call.root, g.comm));
+    TD_MPI_CHECK(
+        MPI_Gather(&nnz, 1, MPI_INT64_T, counts.data(), 1, MPI_INT64_T, call.root, g.comm));
   }
-  std::vector<int> ecount(counts.size()), edispl(counts.size()), vcount(counts.size()), vdispl(counts.size());
+  std::vector<int> ecount(counts.size()), edispl(counts.size()), vcount(counts.size()),
+      vdispl(counts.size());
   std::int64_t total = 0;
   if (gathers) {
     for (std::size_t r = 0; r < counts.size(); ++r) {
@@ -512,26 +553,29 @@ void run_sparse(Tensor& leaf, const CollectiveCall& call, GroupState& g) {
   Tensor all_entries = Tensor::empty({gathers ? total * ndim : 0}, DType::Int64);
   Tensor all_values = Tensor::empty({gathers ? total : 0}, dtype);
   if (call.kind == CollectiveKind::AllReduce) {
-    TD_MPI_CHECK(MPI_Allgatherv(entries.raw_data(), to_int(nnz * ndim), MPI_INT64_T, all_entries.raw_data(),
-                                ecount.data(), edispl.data(), MPI_INT64_T, g.comm));
-    TD_MPI_CHECK(MPI_Allgatherv(values.raw_data(), to_int(nnz), vtype, all_values.raw_data(), vcount.data(),
-                                vdispl.data(), vtype, g.comm));
+    TD_MPI_CHECK(MPI_Allgatherv(entries.raw_data(), to_int(nnz * ndim), MPI_INT64_T,
+                                all_entries.raw_data(), ecount.data(), edispl.data(), MPI_INT64_T,
+                                g.comm));
+    TD_MPI_CHECK(MPI_Allgatherv(values.raw_data(), to_int(nnz), vtype, all_values.raw_data(),
+                                vcount.data(), vdispl.data(), vtype, g.comm));
   } else {
-    TD_MPI_CHECK(MPI_Gatherv(entries.raw_data(), to_int(nnz * ndim), MPI_INT64_T, all_entries.raw_data(),
-                             ecount.data(), edispl.data(), MPI_INT64_T, call.root, g.comm));
-    TD_MPI_CHECK(MPI_Gatherv(values.raw_data(), to_int(nnz), vtype, all_values.raw_data(), vcount.data(),
-                             vdispl.data(), vtype, call.root, g.comm));
+    TD_MPI_CHECK(MPI_Gatherv(entries.raw_data(), to_int(nnz * ndim), MPI_INT64_T,
+                             all_entries.raw_data(), ecount.data(), edispl.data(), MPI_INT64_T,
+                             call.root, g.comm));
+    TD_MPI_CHECK(MPI_Gatherv(values.raw_data(), to_int(nnz), vtype, all_values.raw_data(),
+                             vcount.data(), vdispl.data(), vtype, call.root, g.comm));
   }
   if (gathers) finish(all_entries, all_values, total);
 }
 
-void run_sparse_leaves(const BucketPlan& plan, std::span<const LeafRef> leaves, const CollectiveCall& call,
-                       GroupState& g) {
+void run_sparse_leaves(const BucketPlan& plan, std::span<const LeafRef> leaves,
+                       const CollectiveCall& call, GroupState& g) {
   for (std::size_t i : plan.sparse_leaves) run_sparse(*leaves[i].tensor, call, g);
 }
 
-std::vector<Work> run_async(const BucketPlan& plan, std::span<const LeafRef> leaves, const CollectiveCall& call,
-                            const std::shared_ptr<GroupState>& g, Clock::time_point deadline) {
+std::vector<Work> run_async(const BucketPlan& plan, std::span<const LeafRef> leaves,
+                            const CollectiveCall& call, const std::shared_ptr<GroupState>& g,
+                            Clock::time_point deadline) {
   const Roles roles = roles_of(call, g->rank);
   std::vector<Work> works;
   works.reserve(plan.buckets.size());
@@ -555,16 +599,20 @@ std::vector<Work> run_async(const BucketPlan& plan, std::span<const LeafRef> lea
     });
     // The finish step runs after completion: the leaves are copied back from the Work's own
     // tensor handles, so it stays valid even if the dict was dropped meanwhile.
-    const bool avg = roles.receives && call.op == ReduceOp::AVG && call.kind != CollectiveKind::Broadcast;
+    const bool avg =
+        roles.receives && call.op == ReduceOp::AVG && call.kind != CollectiveKind::Broadcast;
     const int size = g->size;
     auto bucket = std::make_shared<BucketPlan::Bucket>(bk);
     WorkState* raw = st.get();
     st->finish = [raw, bucket, p, avg, direct, roles, size] {
-      if (avg) divide_in_place(p, static_cast<std::int64_t>(bucket->nbytes / itemsize(bucket->dtype)), bucket->dtype, size);
+      if (avg)
+        divide_in_place(p, static_cast<std::int64_t>(bucket->nbytes / itemsize(bucket->dtype)),
+                        bucket->dtype, size);
       if (!direct && roles.receives) {
         std::vector<Key> keys(bucket->slots.size(), Key("leaf"));
         std::vector<LeafRef> refs;
-        for (std::size_t s = 0; s < bucket->slots.size(); ++s) refs.push_back({&keys[s], &raw->keep_alive[s], 0});
+        for (std::size_t s = 0; s < bucket->slots.size(); ++s)
+          refs.push_back({&keys[s], &raw->keep_alive[s], 0});
         BucketPlan::Bucket local = *bucket;
         for (std::size_t s = 0; s < local.slots.size(); ++s) local.slots[s].leaf = s;
         unpack(local, refs, p);
@@ -577,7 +625,8 @@ std::vector<Work> run_async(const BucketPlan& plan, std::span<const LeafRef> lea
   return works;
 }
 
-std::shared_ptr<const BucketPlan> plan_for(GroupState& g, const Analysis& a, std::optional<std::size_t> cap) {
+std::shared_ptr<const BucketPlan> plan_for(GroupState& g, const Analysis& a,
+                                           std::optional<std::size_t> cap) {
   std::uint64_t key = mix(a.layout_hash, cap ? *cap : 0x7fffffffffffffffull);
   std::lock_guard lock(g.mu);
   auto it = g.plans.find(key);
@@ -607,16 +656,19 @@ std::vector<Work> run_collective(std::span<const LeafRef> leaves, const Collecti
   if (call.from_dict && !opts.bucket_bytes && config().bucket_bytes) cap = config().bucket_bytes;
   Analysis a = analyse(leaves, call);
   std::string arg_error = std::move(a.arg_error);
-  if (cap && *cap == 0) note_error(arg_error, "bucket_bytes must be positive (or td::kAutoBucketBytes)");
+  if (cap && *cap == 0)
+    note_error(arg_error, "bucket_bytes must be positive (or td::kAutoBucketBytes)");
   if (call.kind != CollectiveKind::AllReduce && (call.root < 0 || call.root >= g->size))
     note_error(arg_error, fmt::format("{} {} is out of range for a group of {} ranks",
-                                      call.kind == CollectiveKind::Reduce ? "dst" : "src", call.root, g->size));
+                                      call.kind == CollectiveKind::Reduce ? "dst" : "src",
+                                      call.root, g->size));
   if (g->size > 1 && config().check_layout) agree(*g, call, cap, arg_error, leaves, a, deadline);
   if (!arg_error.empty()) throw std::invalid_argument(fmt::format("{}: {}", call.name, arg_error));
 
   if (cap && *cap == kAutoBucketBytes) cap = tuned_bucket_bytes(*g, deadline);
   const auto plan = plan_for(*g, a, cap);
-  log_debug([&] { return fmt::format("{}: {}", call_header(call, cap, g->size), plan->describe()); });
+  log_debug(
+      [&] { return fmt::format("{}: {}", call_header(call, cap, g->size), plan->describe()); });
   if (opts.async_op) {
     // Sparse leaves finish before the Works are returned: their sizes are only known after a
     // first exchange, so they run eagerly (documented in docs/collectives.md).
@@ -644,7 +696,8 @@ void reset_packer_stats() {
 // ---- the public entry points -----------------------------------------------------------------
 
 namespace {
-std::vector<Work> run_on_tensor(Tensor& t, const detail::CollectiveCall& call, const CollectiveOptions& opts) {
+std::vector<Work> run_on_tensor(Tensor& t, const detail::CollectiveCall& call,
+                                const CollectiveOptions& opts) {
   static const Key kKey("<tensor>");
   const detail::LeafRef ref{&kKey, &t, detail::hash_key(kKey)};
   return detail::run_collective(std::span<const detail::LeafRef>(&ref, 1), call, opts);
@@ -660,24 +713,29 @@ Work reduce(Tensor& t, int dst, ReduceOp op, const CollectiveOptions& opts) {
   return single(run_on_tensor(t, {detail::CollectiveKind::Reduce, op, dst, "reduce", false}, opts));
 }
 Work all_reduce(Tensor& t, ReduceOp op, const CollectiveOptions& opts) {
-  return single(run_on_tensor(t, {detail::CollectiveKind::AllReduce, op, 0, "all_reduce", false}, opts));
+  return single(
+      run_on_tensor(t, {detail::CollectiveKind::AllReduce, op, 0, "all_reduce", false}, opts));
 }
 Work broadcast(Tensor& t, int src, const CollectiveOptions& opts) {
-  return single(run_on_tensor(t, {detail::CollectiveKind::Broadcast, ReduceOp::SUM, src, "broadcast", false}, opts));
+  return single(run_on_tensor(
+      t, {detail::CollectiveKind::Broadcast, ReduceOp::SUM, src, "broadcast", false}, opts));
 }
 
 std::vector<Work> TensorDict::all_reduce(ReduceOp op, const CollectiveOptions& opts) {
   const auto& leaves = detail::DictAccess::canonical(*this);
-  return detail::run_collective(leaves, {detail::CollectiveKind::AllReduce, op, 0, "TensorDict.all_reduce", true}, opts);
+  return detail::run_collective(
+      leaves, {detail::CollectiveKind::AllReduce, op, 0, "TensorDict.all_reduce", true}, opts);
 }
 std::vector<Work> TensorDict::reduce(int dst, ReduceOp op, const CollectiveOptions& opts) {
   const auto& leaves = detail::DictAccess::canonical(*this);
-  return detail::run_collective(leaves, {detail::CollectiveKind::Reduce, op, dst, "TensorDict.reduce", true}, opts);
+  return detail::run_collective(
+      leaves, {detail::CollectiveKind::Reduce, op, dst, "TensorDict.reduce", true}, opts);
 }
 std::vector<Work> TensorDict::broadcast(int src, const CollectiveOptions& opts) {
   const auto& leaves = detail::DictAccess::canonical(*this);
-  return detail::run_collective(leaves, {detail::CollectiveKind::Broadcast, ReduceOp::SUM, src, "TensorDict.broadcast", true},
-                                opts);
+  return detail::run_collective(
+      leaves, {detail::CollectiveKind::Broadcast, ReduceOp::SUM, src, "TensorDict.broadcast", true},
+      opts);
 }
 
 }  // namespace td

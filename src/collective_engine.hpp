@@ -17,9 +17,9 @@ enum class CollectiveKind : std::uint8_t { AllReduce, Reduce, Broadcast };
 struct CollectiveCall {
   CollectiveKind kind = CollectiveKind::AllReduce;
   ReduceOp op = ReduceOp::SUM;
-  int root = 0;                  // dst of reduce, src of broadcast
-  std::string_view name;         // "all_reduce", "TensorDict.reduce", ... for messages
-  bool from_dict = false;        // bucket_bytes applies (and TD_BUCKET_BYTES)
+  int root = 0;            // dst of reduce, src of broadcast
+  std::string_view name;   // "all_reduce", "TensorDict.reduce", ... for messages
+  bool from_dict = false;  // bucket_bytes applies (and TD_BUCKET_BYTES)
 };
 
 /// Runs `call` on `leaves` (canonical order): checks arguments and layout across the group,

@@ -1,7 +1,7 @@
 #include "config.hpp"
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -32,12 +32,14 @@ std::uint64_t parse_positive(const char* var, const std::string& text) {
 bool parse_bool(const char* var, const std::string& text) {
   if (text == "1" || text == "true" || text == "on" || text == "yes") return true;
   if (text == "0" || text == "false" || text == "off" || text == "no") return false;
-  throw std::invalid_argument(fmt::format("{}={}: expected 1 or 0 (true/false, on/off)", var, text));
+  throw std::invalid_argument(
+      fmt::format("{}={}: expected 1 or 0 (true/false, on/off)", var, text));
 }
 
 Config read() {
   Config c;
-  if (auto v = env("TD_TIMEOUT_MS")) c.timeout = std::chrono::milliseconds(parse_positive("TD_TIMEOUT_MS", *v));
+  if (auto v = env("TD_TIMEOUT_MS"))
+    c.timeout = std::chrono::milliseconds(parse_positive("TD_TIMEOUT_MS", *v));
   if (auto v = env("TD_BUCKET_BYTES")) {
     if (*v == "auto") {
       c.bucket_bytes = kAutoBucketBytes;
@@ -51,7 +53,8 @@ Config read() {
   if (auto v = env("TD_PROGRESS_THREAD")) c.progress_thread = parse_bool("TD_PROGRESS_THREAD", *v);
   if (auto v = env("TD_AUTOTUNE_CACHE")) c.autotune_cache = parse_bool("TD_AUTOTUNE_CACHE", *v);
   if (auto v = env("TD_PROGRESS_INTERVAL_US"))
-    c.progress_interval_us = static_cast<int>(std::min<std::uint64_t>(parse_positive("TD_PROGRESS_INTERVAL_US", *v), 1000000));
+    c.progress_interval_us = static_cast<int>(
+        std::min<std::uint64_t>(parse_positive("TD_PROGRESS_INTERVAL_US", *v), 1000000));
   if (auto v = env("TD_LOG_LEVEL")) {
     if (*v == "off") {
       c.log_level = LogLevel::Off;
@@ -62,7 +65,8 @@ Config read() {
     } else if (*v == "debug") {
       c.log_level = LogLevel::Debug;
     } else {
-      throw std::invalid_argument(fmt::format("TD_LOG_LEVEL={}: expected off, warn, info or debug", *v));
+      throw std::invalid_argument(
+          fmt::format("TD_LOG_LEVEL={}: expected off, warn, info or debug", *v));
     }
   }
   return c;

@@ -11,14 +11,22 @@ namespace td {
 
 std::string_view name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::SUM: return "SUM";
-    case ReduceOp::PRODUCT: return "PRODUCT";
-    case ReduceOp::MIN: return "MIN";
-    case ReduceOp::MAX: return "MAX";
-    case ReduceOp::AVG: return "AVG";
-    case ReduceOp::BAND: return "BAND";
-    case ReduceOp::BOR: return "BOR";
-    case ReduceOp::BXOR: return "BXOR";
+    case ReduceOp::SUM:
+      return "SUM";
+    case ReduceOp::PRODUCT:
+      return "PRODUCT";
+    case ReduceOp::MIN:
+      return "MIN";
+    case ReduceOp::MAX:
+      return "MAX";
+    case ReduceOp::AVG:
+      return "AVG";
+    case ReduceOp::BAND:
+      return "BAND";
+    case ReduceOp::BOR:
+      return "BOR";
+    case ReduceOp::BXOR:
+      return "BXOR";
   }
   return "?";
 }
@@ -40,7 +48,8 @@ template <class Half, class Fn>
 void half_reduce(void* in, void* inout, int* len, Fn fn) {
   const Half* a = static_cast<const Half*>(in);
   Half* b = static_cast<Half*>(inout);
-  for (int i = 0; i < *len; ++i) b[i] = Half(fn(static_cast<float>(a[i]), static_cast<float>(b[i])));
+  for (int i = 0; i < *len; ++i)
+    b[i] = Half(fn(static_cast<float>(a[i]), static_cast<float>(b[i])));
 }
 
 template <class Half>
@@ -62,7 +71,8 @@ void half_max(void* in, void* inout, int* len, MPI_Datatype*) {
 
 struct HalfTypes {
   MPI_Datatype type = MPI_DATATYPE_NULL;
-  std::array<MPI_Op, 4> ops{MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};  // sum prod min max
+  std::array<MPI_Op, 4> ops{MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL,
+                            MPI_OP_NULL};  // sum prod min max
 };
 HalfTypes g_float16, g_bfloat16;
 
@@ -97,18 +107,30 @@ void free_mpi_types() {
 
 MPI_Datatype mpi_datatype(DType dtype) {
   switch (dtype) {
-    case DType::Bool: return MPI_UINT8_T;  // 0/1 bytes: MAX = or, MIN = and, bitwise ops exact
-    case DType::UInt8: return MPI_UINT8_T;
-    case DType::Int8: return MPI_INT8_T;
-    case DType::Int16: return MPI_INT16_T;
-    case DType::Int32: return MPI_INT32_T;
-    case DType::Int64: return MPI_INT64_T;
-    case DType::Float16: return g_float16.type;
-    case DType::BFloat16: return g_bfloat16.type;
-    case DType::Float32: return MPI_FLOAT;
-    case DType::Float64: return MPI_DOUBLE;
-    case DType::Complex64: return MPI_C_FLOAT_COMPLEX;
-    case DType::Complex128: return MPI_C_DOUBLE_COMPLEX;
+    case DType::Bool:
+      return MPI_UINT8_T;  // 0/1 bytes: MAX = or, MIN = and, bitwise ops exact
+    case DType::UInt8:
+      return MPI_UINT8_T;
+    case DType::Int8:
+      return MPI_INT8_T;
+    case DType::Int16:
+      return MPI_INT16_T;
+    case DType::Int32:
+      return MPI_INT32_T;
+    case DType::Int64:
+      return MPI_INT64_T;
+    case DType::Float16:
+      return g_float16.type;
+    case DType::BFloat16:
+      return g_bfloat16.type;
+    case DType::Float32:
+      return MPI_FLOAT;
+    case DType::Float64:
+      return MPI_DOUBLE;
+    case DType::Complex64:
+      return MPI_C_FLOAT_COMPLEX;
+    case DType::Complex128:
+      return MPI_C_DOUBLE_COMPLEX;
   }
   return MPI_DATATYPE_NULL;
 }
@@ -118,11 +140,16 @@ MPI_Op mpi_op(ReduceOp op, DType dtype) {
     const HalfTypes& h = dtype == DType::Float16 ? g_float16 : g_bfloat16;
     switch (op) {
       case ReduceOp::SUM:
-      case ReduceOp::AVG: return h.ops[0];
-      case ReduceOp::PRODUCT: return h.ops[1];
-      case ReduceOp::MIN: return h.ops[2];
-      case ReduceOp::MAX: return h.ops[3];
-      default: return MPI_OP_NULL;
+      case ReduceOp::AVG:
+        return h.ops[0];
+      case ReduceOp::PRODUCT:
+        return h.ops[1];
+      case ReduceOp::MIN:
+        return h.ops[2];
+      case ReduceOp::MAX:
+        return h.ops[3];
+      default:
+        return MPI_OP_NULL;
     }
   }
   if (dtype == DType::Bool) {
@@ -131,13 +158,20 @@ MPI_Op mpi_op(ReduceOp op, DType dtype) {
   }
   switch (op) {
     case ReduceOp::SUM:
-    case ReduceOp::AVG: return MPI_SUM;
-    case ReduceOp::PRODUCT: return MPI_PROD;
-    case ReduceOp::MIN: return MPI_MIN;
-    case ReduceOp::MAX: return MPI_MAX;
-    case ReduceOp::BAND: return MPI_BAND;
-    case ReduceOp::BOR: return MPI_BOR;
-    case ReduceOp::BXOR: return MPI_BXOR;
+    case ReduceOp::AVG:
+      return MPI_SUM;
+    case ReduceOp::PRODUCT:
+      return MPI_PROD;
+    case ReduceOp::MIN:
+      return MPI_MIN;
+    case ReduceOp::MAX:
+      return MPI_MAX;
+    case ReduceOp::BAND:
+      return MPI_BAND;
+    case ReduceOp::BOR:
+      return MPI_BOR;
+    case ReduceOp::BXOR:
+      return MPI_BXOR;
   }
   return MPI_OP_NULL;
 }
@@ -147,7 +181,8 @@ void divide_in_place(void* data, std::int64_t count, DType dtype, int divisor) {
     using T = typename decltype(tag)::type;
     if constexpr (std::is_same_v<T, Eigen::half> || std::is_same_v<T, Eigen::bfloat16>) {
       T* p = static_cast<T*>(data);
-      for (std::int64_t i = 0; i < count; ++i) p[i] = T(static_cast<float>(p[i]) / static_cast<float>(divisor));
+      for (std::int64_t i = 0; i < count; ++i)
+        p[i] = T(static_cast<float>(p[i]) / static_cast<float>(divisor));
     } else if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, std::complex<float>> ||
                          std::is_same_v<T, std::complex<double>>) {
       T* p = static_cast<T*>(data);

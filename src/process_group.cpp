@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <string>
 
 #include <fmt/format.h>
@@ -22,7 +23,8 @@ void throw_mpi_error(const char* call, int code) {
   if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) len = 0;
   std::string routine(call);
   routine = routine.substr(0, routine.find('('));
-  throw MpiError(fmt::format("{} failed: {} (error code {})", routine, std::string(text, static_cast<std::size_t>(len)), code));
+  throw MpiError(fmt::format("{} failed: {} (error code {})", routine,
+                             std::string(text, static_cast<std::size_t>(len)), code));
 }
 
 namespace {
@@ -38,12 +40,15 @@ GroupState::~GroupState() {
 }
 
 MPI_Comm GroupState::checked_comm(std::string_view what) const {
-  if (destroyed) throw Error(fmt::format("{}: the process group was destroyed by destroy_process_group()", what));
+  if (destroyed)
+    throw Error(
+        fmt::format("{}: the process group was destroyed by destroy_process_group()", what));
   if (comm == MPI_COMM_NULL) {
     int world_rank = -1;
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-    throw std::invalid_argument(fmt::format("{}: this process (world rank {}) is not a member of the group of world ranks [{}]",
-                                            what, world_rank, fmt::join(world_ranks, ", ")));
+    throw std::invalid_argument(fmt::format(
+        "{}: this process (world rank {}) is not a member of the group of world ranks [{}]", what,
+        world_rank, fmt::join(world_ranks, ", ")));
   }
   return comm;
 }
@@ -61,7 +66,8 @@ Runtime& runtime() {
   return r;
 }
 
-std::shared_ptr<GroupState> make_group(MPI_Comm parent, MPI_Group members, std::vector<int> world_ranks) {
+std::shared_ptr<GroupState> make_group(MPI_Comm parent, MPI_Group members,
+                                       std::vector<int> world_ranks) {
   auto g = std::make_shared<GroupState>();
   g->world_ranks = std::move(world_ranks);
   g->size = static_cast<int>(g->world_ranks.size());
@@ -80,6 +86,22 @@ std::shared_ptr<GroupState> make_group(MPI_Comm parent, MPI_Group members, std::
   return g;
 }
 
+// An exception escaping main on one rank would leave the others blocked in their next
+// collective until the batch system kills the job; abort the whole job instead.
+[[noreturn]] void terminate_with_abort() {
+  std::string what = "std::terminate called without an active exception";
+  if (auto e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      what = fmt::format("uncaught exception: {}", ex.what());
+    } catch (...) {
+      what = "uncaught exception of a non-standard type";
+    }
+  }
+  td::abort(what, 1);
+}
+
 void init_impl(int* argc, char*** argv, const InitOptions& options) {
   Runtime& rt = runtime();
   if (rt.initialized) return;
@@ -93,6 +115,7 @@ void init_impl(int* argc, char*** argv, const InitOptions& options) {
     rt.we_initialized_mpi = true;
   }
   rt.timeout = config().timeout.value_or(options.timeout);
+  if (options.abort_on_uncaught_exception) std::set_terminate(&terminate_with_abort);
   create_mpi_types();
   int size = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -105,7 +128,8 @@ void init_impl(int* argc, char*** argv, const InitOptions& options) {
 
 std::shared_ptr<GroupState> group_of(const CollectiveOptions& opts) {
   if (opts.group) return opts.group->state();
-  if (!runtime().initialized) throw Error("td: call td::init_process_group() before any collective");
+  if (!runtime().initialized)
+    throw Error("td: call td::init_process_group() before any collective");
   return runtime().world;
 }
 
@@ -125,7 +149,9 @@ bool ProcessGroup::is_member() const { return state_->comm != MPI_COMM_NULL; }
 const std::vector<int>& ProcessGroup::world_ranks() const { return state_->world_ranks; }
 const std::shared_ptr<detail::GroupState>& ProcessGroup::state() const { return state_; }
 
-void init_process_group(const InitOptions& options) { detail::init_impl(nullptr, nullptr, options); }
+void init_process_group(const InitOptions& options) {
+  detail::init_impl(nullptr, nullptr, options);
+}
 void init_process_group(int& argc, char**& argv, const InitOptions& options) {
   detail::init_impl(&argc, &argv, options);
 }
@@ -166,15 +192,19 @@ ProcessGroup new_group(const std::vector<int>& world_ranks) {
   const int size = get_world_size();
   std::vector<int> sorted = world_ranks;
   std::sort(sorted.begin(), sorted.end());
-  if (world_ranks.empty()) throw std::invalid_argument("new_group: the group needs at least one rank");
+  if (world_ranks.empty())
+    throw std::invalid_argument("new_group: the group needs at least one rank");
   if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
-    throw std::invalid_argument(fmt::format("new_group: rank listed twice in [{}]", fmt::join(world_ranks, ", ")));
+    throw std::invalid_argument(
+        fmt::format("new_group: rank listed twice in [{}]", fmt::join(world_ranks, ", ")));
   for (int r : world_ranks)
     if (r < 0 || r >= size)
-      throw std::invalid_argument(fmt::format("new_group: rank {} is out of range for a world of {} ranks", r, size));
+      throw std::invalid_argument(
+          fmt::format("new_group: rank {} is out of range for a world of {} ranks", r, size));
   MPI_Group world_group = MPI_GROUP_NULL, members = MPI_GROUP_NULL;
   TD_MPI_CHECK(MPI_Comm_group(runtime().world->comm, &world_group));
-  TD_MPI_CHECK(MPI_Group_incl(world_group, static_cast<int>(world_ranks.size()), world_ranks.data(), &members));
+  TD_MPI_CHECK(MPI_Group_incl(world_group, static_cast<int>(world_ranks.size()), world_ranks.data(),
+                              &members));
   std::shared_ptr<detail::GroupState> g;
   try {
     g = detail::make_group(runtime().world->comm, members, world_ranks);
@@ -201,7 +231,8 @@ void barrier(const std::optional<ProcessGroup>& group) {
   TD_MPI_CHECK(MPI_Ibarrier(comm, &req));
   const auto timeout = detail::timeout_of(opts);
   detail::wait_until(req, std::chrono::steady_clock::now() + timeout, [&] {
-    return fmt::format("barrier of a group of {} ranks did not complete within {} ms", g->size, timeout.count());
+    return fmt::format("barrier of a group of {} ranks did not complete within {} ms", g->size,
+                       timeout.count());
   });
 }
 

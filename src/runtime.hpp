@@ -13,10 +13,10 @@
 
 #include <mpi.h>
 
+#include "tensor_internal.hpp"
 #include "tensordict/bucket_plan.hpp"
 #include "tensordict/collectives.hpp"
 #include "tensordict/process_group.hpp"
-#include "tensor_internal.hpp"
 
 namespace td::detail {
 
@@ -24,9 +24,9 @@ namespace td::detail {
 [[noreturn]] void throw_mpi_error(const char* call, int code);
 
 /// Checks an MPI return code; the routine's name ends up in the error.
-#define TD_MPI_CHECK(call)                                                          \
-  do {                                                                              \
-    const int td_mpi_rc_ = (call);                                                  \
+#define TD_MPI_CHECK(call)                                                           \
+  do {                                                                               \
+    const int td_mpi_rc_ = (call);                                                   \
     if (td_mpi_rc_ != MPI_SUCCESS) ::td::detail::throw_mpi_error(#call, td_mpi_rc_); \
   } while (0)
 
@@ -42,7 +42,7 @@ struct GroupState {
   std::unordered_map<std::uint64_t, std::shared_ptr<const BucketPlan>> plans;  // by layout+cap
   std::uint64_t plan_hits = 0, plan_misses = 0;
   std::optional<std::size_t> tuned_bucket_bytes;  // kAutoBucketBytes resolved on this group
-  std::shared_ptr<Storage> scratch;                // reused pack buffer of sync calls
+  std::shared_ptr<Storage> scratch;               // reused pack buffer of sync calls
 
   GroupState() = default;
   GroupState(const GroupState&) = delete;
@@ -80,10 +80,10 @@ void wait_until(MPI_Request& req, std::chrono::steady_clock::time_point deadline
 class WorkState {
  public:
   std::vector<MPI_Request> requests;
-  std::function<void()> finish;          // runs once after every request completed
-  std::shared_ptr<Storage> buffer;       // packed bucket, if any
-  std::vector<Tensor> keep_alive;        // leaves the requests read or write
-  std::function<std::string()> describe; // "all_reduce of bucket 2 (float32, ...)" for errors
+  std::function<void()> finish;           // runs once after every request completed
+  std::shared_ptr<Storage> buffer;        // packed bucket, if any
+  std::vector<Tensor> keep_alive;         // leaves the requests read or write
+  std::function<std::string()> describe;  // "all_reduce of bucket 2 (float32, ...)" for errors
   std::chrono::steady_clock::time_point deadline;
 
   /// Tests the requests (non-blocking); runs finish() once all completed.

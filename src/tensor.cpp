@@ -37,7 +37,9 @@ Shape contiguous_strides(const Shape& shape) {
 std::int64_t shape_numel(const Shape& shape) {
   std::int64_t n = 1;
   for (auto s : shape) {
-    if (s < 0) throw std::invalid_argument(fmt::format("negative size in shape [{}]", fmt::join(shape, ", ")));
+    if (s < 0)
+      throw std::invalid_argument(
+          fmt::format("negative size in shape [{}]", fmt::join(shape, ", ")));
     n *= s;
   }
   return n;
@@ -71,7 +73,8 @@ void strided_copy(std::byte* dst, const Shape& dst_strides, const std::byte* src
     if (dense_rows) {
       std::memcpy(d, s, static_cast<std::size_t>(inner) * isz);
     } else {
-      for (std::int64_t i = 0; i < inner; ++i) std::memcpy(d + i * ds * bytes, s + i * ss * bytes, isz);
+      for (std::int64_t i = 0; i < inner; ++i)
+        std::memcpy(d + i * ds * bytes, s + i * ss * bytes, isz);
     }
     for (std::size_t k = nd - 1; k-- > 0;) {  // advance the odometer over the outer dims
       if (++idx[k] < shape[k]) break;
@@ -177,7 +180,8 @@ const void* Tensor::raw_data() const { return const_cast<Tensor*>(this)->raw_dat
 void Tensor::copy_out(void* dst) const {
   check_dense("copy");
   detail::strided_copy(static_cast<std::byte*>(dst), contiguous_strides(shape_),
-                       static_cast<const std::byte*>(raw_data()), strides_, shape_, itemsize(dtype_));
+                       static_cast<const std::byte*>(raw_data()), strides_, shape_,
+                       itemsize(dtype_));
 }
 
 Eigen::Index Tensor::contiguous_numel(const char* what) const {
@@ -201,7 +205,8 @@ namespace {
 std::int64_t wrap_dim(std::int64_t d, std::int64_t ndim, const char* what) {
   const std::int64_t w = d < 0 ? d + ndim : d;
   if (w < 0 || w >= ndim)
-    throw std::invalid_argument(fmt::format("{}: dimension {} out of range for a {}-d tensor", what, d, ndim));
+    throw std::invalid_argument(
+        fmt::format("{}: dimension {} out of range for a {}-d tensor", what, d, ndim));
   return w;
 }
 }  // namespace
@@ -216,12 +221,15 @@ Tensor Tensor::transpose(std::int64_t d0, std::int64_t d1) const {
   return t;
 }
 
-Tensor Tensor::slice(std::int64_t d, std::int64_t start, std::int64_t stop, std::int64_t step) const {
+Tensor Tensor::slice(std::int64_t d, std::int64_t start, std::int64_t stop,
+                     std::int64_t step) const {
   check_dense("slice()");
   if (step <= 0) throw std::invalid_argument("slice: step must be positive");
   const auto k = static_cast<std::size_t>(wrap_dim(d, dim(), "slice"));
   const std::int64_t size = shape_[k];
-  auto clamp = [size](std::int64_t i) { return std::clamp(i < 0 ? i + size : i, std::int64_t{0}, size); };
+  auto clamp = [size](std::int64_t i) {
+    return std::clamp(i < 0 ? i + size : i, std::int64_t{0}, size);
+  };
   start = clamp(start);
   stop = std::max(clamp(stop), start);
   Tensor t = *this;
@@ -255,11 +263,12 @@ void Tensor::copy_(const Tensor& src) {
   check_dense("copy_()");
   const Tensor s = src.to_dense();
   if (s.dtype() != dtype_ || s.shape() != shape_)
-    throw std::invalid_argument(fmt::format("copy_: source {}[{}] does not match destination {}[{}]",
-                                            name(s.dtype()), fmt::join(s.shape(), ", "), name(dtype_),
-                                            fmt::join(shape_, ", ")));
+    throw std::invalid_argument(
+        fmt::format("copy_: source {}[{}] does not match destination {}[{}]", name(s.dtype()),
+                    fmt::join(s.shape(), ", "), name(dtype_), fmt::join(shape_, ", ")));
   detail::strided_copy(static_cast<std::byte*>(raw_data()), strides_,
-                       static_cast<const std::byte*>(s.raw_data()), s.strides_, shape_, itemsize(dtype_));
+                       static_cast<const std::byte*>(s.raw_data()), s.strides_, shape_,
+                       itemsize(dtype_));
 }
 
 void Tensor::zero_() {
@@ -294,24 +303,29 @@ bool Tensor::equal(const Tensor& other) const {
 // ---- sparse -----------------------------------------------------------------------------
 
 Tensor Tensor::sparse_coo(Tensor indices, Tensor values, Shape shape) {
-  if (!indices.defined() || !values.defined()) throw std::invalid_argument("sparse_coo: undefined indices or values");
-  if (indices.is_sparse() || values.is_sparse()) throw std::invalid_argument("sparse_coo: indices and values must be dense");
+  if (!indices.defined() || !values.defined())
+    throw std::invalid_argument("sparse_coo: undefined indices or values");
+  if (indices.is_sparse() || values.is_sparse())
+    throw std::invalid_argument("sparse_coo: indices and values must be dense");
   const auto ndim = static_cast<std::int64_t>(shape.size());
   if (indices.dtype() != DType::Int64 || indices.dim() != 2 || indices.shape()[0] != ndim)
-    throw std::invalid_argument(fmt::format("sparse_coo: indices must be int64 [{}, nnz], got {}[{}]", ndim,
-                                            name(indices.dtype()), fmt::join(indices.shape(), ", ")));
+    throw std::invalid_argument(
+        fmt::format("sparse_coo: indices must be int64 [{}, nnz], got {}[{}]", ndim,
+                    name(indices.dtype()), fmt::join(indices.shape(), ", ")));
   const std::int64_t nnz = indices.shape()[1];
   if (values.dim() != 1 || values.shape()[0] != nnz)
-    throw std::invalid_argument(fmt::format("sparse_coo: values must be 1-D with {} elements, got [{}]", nnz,
-                                            fmt::join(values.shape(), ", ")));
+    throw std::invalid_argument(
+        fmt::format("sparse_coo: values must be 1-D with {} elements, got [{}]", nnz,
+                    fmt::join(values.shape(), ", ")));
   shape_numel(shape);
   const auto idx = indices.to_vector<std::int64_t>();
   for (std::int64_t d = 0; d < ndim; ++d)
     for (std::int64_t j = 0; j < nnz; ++j) {
       const std::int64_t i = idx[static_cast<std::size_t>(d * nnz + j)];
       if (i < 0 || i >= shape[static_cast<std::size_t>(d)])
-        throw std::invalid_argument(fmt::format("sparse_coo: index {} out of range for dimension {} of size {}",
-                                                i, d, shape[static_cast<std::size_t>(d)]));
+        throw std::invalid_argument(
+            fmt::format("sparse_coo: index {} out of range for dimension {} of size {}", i, d,
+                        shape[static_cast<std::size_t>(d)]));
     }
   Tensor t;
   t.dtype_ = values.dtype();
@@ -324,7 +338,8 @@ Tensor Tensor::sparse_coo(Tensor indices, Tensor values, Shape shape) {
 bool Tensor::is_sparse() const { return sparse_ != nullptr; }
 
 namespace {
-const detail::SparseParts& sparse_parts(const std::shared_ptr<const detail::SparseParts>& p, const char* what) {
+const detail::SparseParts& sparse_parts(const std::shared_ptr<const detail::SparseParts>& p,
+                                        const char* what) {
   if (!p) throw Error(fmt::format("{} is only defined for a sparse tensor", what));
   return *p;
 }
@@ -337,7 +352,8 @@ std::vector<std::int64_t> linear_indices(const Tensor& indices, const Shape& sha
   std::vector<std::int64_t> lin(static_cast<std::size_t>(nnz), 0);
   for (std::size_t d = 0; d < shape.size(); ++d)
     for (std::int64_t j = 0; j < nnz; ++j)
-      lin[static_cast<std::size_t>(j)] += idx[d * static_cast<std::size_t>(nnz) + static_cast<std::size_t>(j)] * strides[d];
+      lin[static_cast<std::size_t>(j)] +=
+          idx[d * static_cast<std::size_t>(nnz) + static_cast<std::size_t>(j)] * strides[d];
   return lin;
 }
 
@@ -376,7 +392,8 @@ Tensor Tensor::coalesce() const {
   const auto lin = linear_indices(parts.indices, shape_);
   std::vector<std::size_t> order(lin.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return lin[a] < lin[b]; });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return lin[a] < lin[b]; });
   std::vector<std::int64_t> unique_lin;
   std::vector<std::size_t> slot(lin.size());
   for (std::size_t j : order) {

@@ -34,7 +34,7 @@ struct TensorDict::Impl {
     std::variant<Tensor, TensorDict> value;
   };
   Shape batch_size;
-  std::vector<Entry> entries;                         // insertion order
+  std::vector<Entry> entries;                          // insertion order
   std::unordered_map<std::string, std::size_t> index;  // name -> position in entries
 
   // Canonical-order cache (see DictAccess::canonical).
@@ -81,19 +81,22 @@ const TensorDict::Impl& TensorDict::impl() const { return const_cast<TensorDict*
 
 namespace {
 [[noreturn]] void missing(const Key& key, std::size_t depth, const char* what) {
-  throw KeyError(fmt::format("key '{}' not found{}{}", key.str(),
-                             depth + 1 < key.parts().size()
-                                 ? fmt::format(" ('{}' is not a sub-dict)",
-                                               Key(std::vector<std::string>(key.parts().begin(),
-                                                                            key.parts().begin() + static_cast<std::ptrdiff_t>(depth) + 1))
-                                                   .str())
-                                 : "",
-                             what));
+  throw KeyError(fmt::format(
+      "key '{}' not found{}{}", key.str(),
+      depth + 1 < key.parts().size()
+          ? fmt::format(" ('{}' is not a sub-dict)",
+                        Key(std::vector<std::string>(
+                                key.parts().begin(),
+                                key.parts().begin() + static_cast<std::ptrdiff_t>(depth) + 1))
+                            .str())
+          : "",
+      what));
 }
 }  // namespace
 
 TensorDict& TensorDict::set(const Key& key, Tensor value) {
-  if (!value.defined()) throw std::invalid_argument(fmt::format("set('{}'): undefined tensor", key.str()));
+  if (!value.defined())
+    throw std::invalid_argument(fmt::format("set('{}'): undefined tensor", key.str()));
   TensorDict* d = this;
   const auto& parts = key.parts();
   for (std::size_t i = 0; i + 1 < parts.size(); ++i) {
@@ -104,14 +107,16 @@ TensorDict& TensorDict::set(const Key& key, Tensor value) {
       structure_changed();
       e = &d->impl().entries.back();
     } else if (!std::holds_alternative<TensorDict>(e->value)) {
-      throw KeyError(fmt::format("set('{}'): '{}' holds a tensor, not a sub-dict", key.str(), parts[i]));
+      throw KeyError(
+          fmt::format("set('{}'): '{}' holds a tensor, not a sub-dict", key.str(), parts[i]));
     }
     d = &std::get<TensorDict>(e->value);
   }
   const Shape& bs = d->impl().batch_size;
   if (!starts_with(value.shape(), bs))
-    throw std::invalid_argument(fmt::format("set('{}'): tensor of shape {} does not start with the batch size {}",
-                                            key.str(), shape_str(value.shape()), shape_str(bs)));
+    throw std::invalid_argument(
+        fmt::format("set('{}'): tensor of shape {} does not start with the batch size {}",
+                    key.str(), shape_str(value.shape()), shape_str(bs)));
   Impl& in = d->impl();
   if (Impl::Entry* e = in.find(parts.back())) {
     if (std::holds_alternative<Tensor>(e->value)) {
@@ -143,7 +148,8 @@ TensorDict& TensorDict::set(const Key& key, TensorDict value) {
           d->impl().index.emplace(p, d->impl().entries.size() - 1);
           e = &d->impl().entries.back();
         } else if (!std::holds_alternative<TensorDict>(e->value)) {
-          throw KeyError(fmt::format("set('{}'): '{}' holds a tensor, not a sub-dict", key.str(), p));
+          throw KeyError(
+              fmt::format("set('{}'): '{}' holds a tensor, not a sub-dict", key.str(), p));
         }
         d = &std::get<TensorDict>(e->value);
       }
@@ -151,8 +157,9 @@ TensorDict& TensorDict::set(const Key& key, TensorDict value) {
     parent = &get_dict(Key(head));
   }
   if (!starts_with(value.batch_size(), parent->batch_size()))
-    throw std::invalid_argument(fmt::format("set('{}'): sub-dict batch size {} does not start with {}", key.str(),
-                                            shape_str(value.batch_size()), shape_str(parent->batch_size())));
+    throw std::invalid_argument(
+        fmt::format("set('{}'): sub-dict batch size {} does not start with {}", key.str(),
+                    shape_str(value.batch_size()), shape_str(parent->batch_size())));
   Impl& in = parent->impl();
   if (Impl::Entry* e = in.find(parts.back())) {
     e->value = std::move(value);
@@ -179,7 +186,9 @@ Tensor& TensorDict::get(const Key& key) {
   }
   __builtin_unreachable();
 }
-const Tensor& TensorDict::get(const Key& key) const { return const_cast<TensorDict*>(this)->get(key); }
+const Tensor& TensorDict::get(const Key& key) const {
+  return const_cast<TensorDict*>(this)->get(key);
+}
 
 TensorDict& TensorDict::get_dict(const Key& key) {
   TensorDict* d = this;
@@ -188,11 +197,18 @@ TensorDict& TensorDict::get_dict(const Key& key) {
     Impl::Entry* e = d->impl().find(parts[i]);
     if (!e) missing(key, i, "");
     d = std::get_if<TensorDict>(&e->value);
-    if (!d) throw KeyError(fmt::format("key '{}' is a tensor, not a sub-dict (use get)", Key(std::vector<std::string>(parts.begin(), parts.begin() + static_cast<std::ptrdiff_t>(i) + 1)).str()));
+    if (!d)
+      throw KeyError(
+          fmt::format("key '{}' is a tensor, not a sub-dict (use get)",
+                      Key(std::vector<std::string>(
+                              parts.begin(), parts.begin() + static_cast<std::ptrdiff_t>(i) + 1))
+                          .str()));
   }
   return *d;
 }
-const TensorDict& TensorDict::get_dict(const Key& key) const { return const_cast<TensorDict*>(this)->get_dict(key); }
+const TensorDict& TensorDict::get_dict(const Key& key) const {
+  return const_cast<TensorDict*>(this)->get_dict(key);
+}
 
 bool TensorDict::contains(const Key& key) const {
   const TensorDict* d = this;
@@ -209,7 +225,9 @@ bool TensorDict::contains(const Key& key) const {
 
 bool TensorDict::is_dict(const Key& key) const {
   if (!contains(key)) return false;
-  if (key.parts().size() == 1) return std::holds_alternative<TensorDict>(const_cast<Impl&>(impl()).find(key.parts()[0])->value);
+  if (key.parts().size() == 1)
+    return std::holds_alternative<TensorDict>(
+        const_cast<Impl&>(impl()).find(key.parts()[0])->value);
   std::vector<std::string> head(key.parts().begin(), key.parts().end() - 1);
   return get_dict(Key(head)).is_dict(Key(key.parts().back()));
 }
@@ -232,8 +250,8 @@ TensorDict& TensorDict::erase(const Key& key) {
 }
 
 namespace {
-void collect_keys(const TensorDict& d, std::vector<std::string>& prefix, bool nested, bool leaves_only,
-                  std::vector<Key>& out) {
+void collect_keys(const TensorDict& d, std::vector<std::string>& prefix, bool nested,
+                  bool leaves_only, std::vector<Key>& out) {
   for (const Key& k : d.keys()) {
     prefix.push_back(k.parts()[0]);
     if (d.is_dict(k)) {
@@ -267,7 +285,8 @@ std::vector<std::pair<Key, Tensor>> TensorDict::items() const {
 
 std::vector<std::pair<Key, Tensor>> TensorDict::canonical_leaves() const {
   std::vector<std::pair<Key, Tensor>> out;
-  for (const auto& ref : detail::DictAccess::canonical(*this)) out.emplace_back(*ref.key, *ref.tensor);
+  for (const auto& ref : detail::DictAccess::canonical(*this))
+    out.emplace_back(*ref.key, *ref.tensor);
   return out;
 }
 
@@ -411,7 +430,8 @@ void print_dict(std::string& out, const TensorDict& d, int indent) {
     } else {
       const Tensor& t = d.get(k);
       out += fmt::format("Tensor(shape={}, dtype={}{}{})", shape_str(t.shape()), name(t.dtype()),
-                         t.is_sparse() ? ", sparse" : "", !t.is_sparse() && !t.is_contiguous() ? ", strided" : "");
+                         t.is_sparse() ? ", sparse" : "",
+                         !t.is_sparse() && !t.is_contiguous() ? ", strided" : "");
     }
     out += ",\n";
   }

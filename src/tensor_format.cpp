@@ -85,7 +85,8 @@ Cells format_cells(const Tensor& t) {
       for (bool v : vals) c.text.emplace_back(v ? "True" : "False");
     } else if constexpr (std::is_integral_v<T>) {
       for (T v : vals) c.text.push_back(fmt::format("{}", static_cast<std::int64_t>(v)));
-    } else if constexpr (std::is_same_v<T, std::complex<float>> || std::is_same_v<T, std::complex<double>>) {
+    } else if constexpr (std::is_same_v<T, std::complex<float>> ||
+                         std::is_same_v<T, std::complex<double>>) {
       std::vector<double> re, im;
       for (const auto& v : vals) {
         re.push_back(v.real());
@@ -94,7 +95,8 @@ Cells format_cells(const Tensor& t) {
       const FloatStyle rs = choose_style(re), is = choose_style(im);
       for (std::size_t i = 0; i < vals.size(); ++i) {
         std::string imag = format_float(std::abs(im[i]), is);
-        c.text.push_back(fmt::format("{}{}{}j", format_float(re[i], rs), std::signbit(im[i]) ? "-" : "+", imag));
+        c.text.push_back(
+            fmt::format("{}{}{}j", format_float(re[i], rs), std::signbit(im[i]) ? "-" : "+", imag));
       }
     } else {
       std::vector<double> d;
@@ -108,13 +110,15 @@ Cells format_cells(const Tensor& t) {
   return c;
 }
 
-void render(std::string& out, const Cells& cells, const Shape& shape, const Shape& strides, std::size_t dim,
-            std::int64_t offset, std::size_t indent, bool summarize) {
+void render(std::string& out, const Cells& cells, const Shape& shape, const Shape& strides,
+            std::size_t dim, std::int64_t offset, std::size_t indent, bool summarize) {
   const std::int64_t n = shape[dim];
   // Columns of a matrix are aligned as torch does; a 1-D tensor prints unpadded, as torch's
   // documentation shows it (tensor([2, 4, 6, 8, 10])).
   const std::size_t width = shape.size() > 1 ? cells.width : 0;
-  auto pad = [&](const std::string& s) { return std::string(width > s.size() ? width - s.size() : 0, ' ') + s; };
+  auto pad = [&](const std::string& s) {
+    return std::string(width > s.size() ? width - s.size() : 0, ' ') + s;
+  };
   std::vector<std::int64_t> shown;
   const bool elide = summarize && n > 2 * kEdgeItems;
   for (std::int64_t i = 0; i < n; ++i)
@@ -161,14 +165,17 @@ std::string dense_to_string(const Tensor& t, std::size_t indent) {
   const Cells cells = format_cells(t);
   if (t.numel() == 0) {
     out += "[]";
-    if (shape.size() != 1) out += fmt::format(", size=({}{})", fmt::join(shape, ", "), shape.size() == 1 ? "," : "");
+    if (shape.size() != 1)
+      out += fmt::format(", size=({}{})", fmt::join(shape, ", "), shape.size() == 1 ? "," : "");
   } else if (shape.empty()) {
     out += cells.text[0];
   } else {
-    render(out, cells, shape, detail::contiguous_strides(shape), 0, 0, indent + 7, t.numel() > kThreshold);
+    render(out, cells, shape, detail::contiguous_strides(shape), 0, 0, indent + 7,
+           t.numel() > kThreshold);
   }
   const bool empty_non_float = t.numel() == 0 && t.dtype() != DType::Float32;
-  if (prints_dtype(t.dtype()) || empty_non_float) out += fmt::format(", dtype=torch.{}", name(t.dtype()));
+  if (prints_dtype(t.dtype()) || empty_non_float)
+    out += fmt::format(", dtype=torch.{}", name(t.dtype()));
   out += ')';
   return out;
 }
@@ -179,9 +186,10 @@ std::string to_string(const Tensor& t) {
   if (!t.defined()) return "tensor(undefined)";
   if (!t.is_sparse()) return dense_to_string(t, 0);
   const Shape& shape = t.shape();
-  return fmt::format("tensor(indices={},\n       values={},\n       size=({}{}), nnz={}, layout=torch.sparse_coo)",
-                     dense_to_string(t.indices(), 15), dense_to_string(t.values(), 14), fmt::join(shape, ", "),
-                     shape.size() == 1 ? "," : "", t.nnz());
+  return fmt::format(
+      "tensor(indices={},\n       values={},\n       size=({}{}), nnz={}, layout=torch.sparse_coo)",
+      dense_to_string(t.indices(), 15), dense_to_string(t.values(), 14), fmt::join(shape, ", "),
+      shape.size() == 1 ? "," : "", t.nnz());
 }
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << to_string(t); }

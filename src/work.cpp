@@ -29,10 +29,12 @@ void wait_until(MPI_Request& req, std::chrono::steady_clock::time_point deadline
     // Checking the clock costs more than MPI_Test's fast path; look at it every few polls.
     if ((spin & 63) == 0 && std::chrono::steady_clock::now() > deadline) {
       leak(std::move(buffers));
-      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
-      throw TimeoutError(fmt::format("{} (waited {} ms); the communicator is no longer usable: end the job "
-                                     "(td::abort) or stop using this group",
-                                     describe(), waited.count()));
+      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::steady_clock::now() - start);
+      throw TimeoutError(
+          fmt::format("{} (waited {} ms); the communicator is no longer usable: end the job "
+                      "(td::abort) or stop using this group",
+                      describe(), waited.count()));
     }
   }
 }
@@ -62,7 +64,8 @@ bool WorkState::test() {
   if (timed_out_) return false;
   int done = 0;
   const int rc = requests.empty() ? MPI_SUCCESS
-                                  : MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
+                                  : MPI_Testall(static_cast<int>(requests.size()), requests.data(),
+                                                &done, MPI_STATUSES_IGNORE);
   if (requests.empty()) done = 1;
   if (rc != MPI_SUCCESS) {
     try {
@@ -83,10 +86,12 @@ void WorkState::wait() {
     if ((spin & 63) == 0 && std::chrono::steady_clock::now() > deadline) {
       std::lock_guard lock(mu_);
       timed_out_ = true;
-      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
-      throw TimeoutError(fmt::format("{} did not complete before its timeout (waited {} ms in wait()); the "
-                                     "communicator is no longer usable: end the job (td::abort) or stop using this group",
-                                     describe ? describe() : std::string("operation"), waited.count()));
+      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::steady_clock::now() - start);
+      throw TimeoutError(fmt::format(
+          "{} did not complete before its timeout (waited {} ms in wait()); the "
+          "communicator is no longer usable: end the job (td::abort) or stop using this group",
+          describe ? describe() : std::string("operation"), waited.count()));
     }
   }
   std::lock_guard lock(mu_);
@@ -118,7 +123,8 @@ Work::~Work() {
   try {
     state_->wait();
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "[td] a pending td::Work was destroyed and its operation failed: %s\n", e.what());
+    std::fprintf(stderr, "[td] a pending td::Work was destroyed and its operation failed: %s\n",
+                 e.what());
   }
 }
 

@@ -11,7 +11,8 @@ namespace tdtest {
 template <class T>
 constexpr bool is_half_v = std::is_same_v<T, Eigen::half> || std::is_same_v<T, Eigen::bfloat16>;
 template <class T>
-constexpr bool is_complex_v = std::is_same_v<T, std::complex<float>> || std::is_same_v<T, std::complex<double>>;
+constexpr bool is_complex_v =
+    std::is_same_v<T, std::complex<float>> || std::is_same_v<T, std::complex<double>>;
 
 /// Element i of rank r's input: small integers, so every supported reduction is exact.
 template <class T>
@@ -19,8 +20,9 @@ T value(td::ReduceOp op, int rank, std::int64_t i) {
   const int v = op == td::ReduceOp::PRODUCT ? 1 + static_cast<int>((rank + i) % 2)
                                             : static_cast<int>((rank * 7 + i * 3) % 11) + 1;
   if constexpr (std::is_same_v<T, bool>) {
-    return op == td::ReduceOp::PRODUCT || op == td::ReduceOp::MIN || op == td::ReduceOp::BAND ? (rank + i) % 5 != 0
-                                                                                            : (rank + i) % 3 == 0;
+    return op == td::ReduceOp::PRODUCT || op == td::ReduceOp::MIN || op == td::ReduceOp::BAND
+               ? (rank + i) % 5 != 0
+               : (rank + i) % 3 == 0;
   } else if constexpr (is_complex_v<T>) {
     return T(static_cast<typename T::value_type>(v), static_cast<typename T::value_type>(v % 3));
   } else if constexpr (is_half_v<T>) {
@@ -38,33 +40,47 @@ T combine(td::ReduceOp op, T a, T b) {
     switch (op) {
       case ReduceOp::SUM:
       case ReduceOp::MAX:
-      case ReduceOp::BOR: return a || b;
+      case ReduceOp::BOR:
+        return a || b;
       case ReduceOp::PRODUCT:
       case ReduceOp::MIN:
-      case ReduceOp::BAND: return a && b;
-      case ReduceOp::BXOR: return a != b;
-      default: return a;
+      case ReduceOp::BAND:
+        return a && b;
+      case ReduceOp::BXOR:
+        return a != b;
+      default:
+        return a;
     }
   } else if constexpr (is_half_v<T>) {
     const float x = static_cast<float>(a), y = static_cast<float>(b);
     switch (op) {
       case ReduceOp::SUM:
-      case ReduceOp::AVG: return T(x + y);
-      case ReduceOp::PRODUCT: return T(x * y);
-      case ReduceOp::MIN: return T(std::min(x, y));
-      case ReduceOp::MAX: return T(std::max(x, y));
-      default: return a;
+      case ReduceOp::AVG:
+        return T(x + y);
+      case ReduceOp::PRODUCT:
+        return T(x * y);
+      case ReduceOp::MIN:
+        return T(std::min(x, y));
+      case ReduceOp::MAX:
+        return T(std::max(x, y));
+      default:
+        return a;
     }
   } else if constexpr (is_complex_v<T>) {
     return op == ReduceOp::PRODUCT ? a * b : a + b;
   } else {
     switch (op) {
       case ReduceOp::SUM:
-      case ReduceOp::AVG: return static_cast<T>(a + b);
-      case ReduceOp::PRODUCT: return static_cast<T>(a * b);
-      case ReduceOp::MIN: return std::min(a, b);
-      case ReduceOp::MAX: return std::max(a, b);
-      default: break;
+      case ReduceOp::AVG:
+        return static_cast<T>(a + b);
+      case ReduceOp::PRODUCT:
+        return static_cast<T>(a * b);
+      case ReduceOp::MIN:
+        return std::min(a, b);
+      case ReduceOp::MAX:
+        return std::max(a, b);
+      default:
+        break;
     }
     if constexpr (std::is_integral_v<T>) {
       if (op == ReduceOp::BAND) return static_cast<T>(a & b);
@@ -119,8 +135,8 @@ bool holds_input(const td::Tensor& t, td::ReduceOp op, int rank) {
   return true;
 }
 
-inline constexpr td::ReduceOp kAllOps[] = {td::ReduceOp::SUM, td::ReduceOp::PRODUCT, td::ReduceOp::MIN,
-                                           td::ReduceOp::MAX, td::ReduceOp::AVG,     td::ReduceOp::BAND,
-                                           td::ReduceOp::BOR, td::ReduceOp::BXOR};
+inline constexpr td::ReduceOp kAllOps[] = {
+    td::ReduceOp::SUM, td::ReduceOp::PRODUCT, td::ReduceOp::MIN, td::ReduceOp::MAX,
+    td::ReduceOp::AVG, td::ReduceOp::BAND,    td::ReduceOp::BOR, td::ReduceOp::BXOR};
 
 }  // namespace tdtest

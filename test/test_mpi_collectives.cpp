@@ -10,7 +10,8 @@ using td::ReduceOp;
 using td::Tensor;
 using namespace tdtest;
 
-TEST_CASE("all_reduce: every op on every dtype it supports; a clear error otherwise", "[collectives]") {
+TEST_CASE("all_reduce: every op on every dtype it supports; a clear error otherwise",
+          "[collectives]") {
   const int rank = td::get_rank(), size = td::get_world_size();
   for (std::size_t d = 0; d < td::kNumDTypes; ++d) {
     const auto dtype = static_cast<DType>(d);
@@ -75,7 +76,8 @@ TEST_CASE("a non-contiguous tensor is reduced in place and stays a view", "[coll
     const auto in = view.to_vector<double>();
     // element (i, j) of the view is base[j][2i], whose flat index is j*6 + 2i
     for (std::int64_t i = 0; i < 3; ++i)
-      for (std::int64_t j = 0; j < 4; ++j) expect.push_back(expected<double>(ReduceOp::SUM, size, j * 6 + 2 * i));
+      for (std::int64_t j = 0; j < 4; ++j)
+        expect.push_back(expected<double>(ReduceOp::SUM, size, j * 6 + 2 * i));
     (void)in;
   }
   td::all_reduce(view);
@@ -121,10 +123,13 @@ TEST_CASE("async: a pending Work completes and wait() leaves the result", "[coll
   Tensor col = base.slice(1, 0, 1);
   td::Work a = td::all_reduce(col, ReduceOp::AVG, opts);
   a.wait();
-  for (std::int64_t i = 0; i < 8; ++i) CHECK(col.to_vector<double>()[static_cast<std::size_t>(i)] == expected<double>(ReduceOp::AVG, size, 2 * i));
+  for (std::int64_t i = 0; i < 8; ++i)
+    CHECK(col.to_vector<double>()[static_cast<std::size_t>(i)] ==
+          expected<double>(ReduceOp::AVG, size, 2 * i));
 }
 
-TEST_CASE("groups: members reduce among themselves, non-members get a clear error", "[collectives][group]") {
+TEST_CASE("groups: members reduce among themselves, non-members get a clear error",
+          "[collectives][group]") {
   const int rank = td::get_rank(), size = td::get_world_size();
   std::vector<int> evens;
   for (int r = 0; r < size; r += 2) evens.push_back(r);
@@ -150,7 +155,8 @@ TEST_CASE("groups: members reduce among themselves, non-members get a clear erro
   td::barrier();
 }
 
-TEST_CASE("a root out of range, or different across ranks, is an error on every rank", "[collectives][errors]") {
+TEST_CASE("a root out of range, or different across ranks, is an error on every rank",
+          "[collectives][errors]") {
   const int rank = td::get_rank(), size = td::get_world_size();
   Tensor t = Tensor::full<float>({4}, 1.f);
   CHECK_THROWS_AS(td::reduce(t, size), std::invalid_argument);
@@ -159,7 +165,8 @@ TEST_CASE("a root out of range, or different across ranks, is an error on every 
   CHECK_THROWS_AS(td::reduce(t, rank == size - 1 ? size + 3 : 0), std::invalid_argument);
   if (size > 1) {
     CHECK_THROWS_AS(td::broadcast(t, rank == 0 ? 1 : 0), td::LayoutMismatchError);
-    CHECK_THROWS_AS(td::all_reduce(t, rank == 0 ? ReduceOp::MAX : ReduceOp::SUM), td::LayoutMismatchError);
+    CHECK_THROWS_AS(td::all_reduce(t, rank == 0 ? ReduceOp::MAX : ReduceOp::SUM),
+                    td::LayoutMismatchError);
   }
   CHECK(t.to_vector<float>() == std::vector<float>(4, 1.f));
 }

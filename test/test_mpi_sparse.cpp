@@ -13,7 +13,9 @@ namespace {
 // Rank r's embedding gradient over a [10, 3] table: rows {r, r+1, 7} (overlapping across ranks),
 // none at all on rank 2.
 Tensor sparse_grad(int rank) {
-  if (rank == 2) return Tensor::sparse_coo(Tensor::zeros({2, 0}, DType::Int64), Tensor::zeros({0}, DType::Float32), {10, 3});
+  if (rank == 2)
+    return Tensor::sparse_coo(Tensor::zeros({2, 0}, DType::Int64),
+                              Tensor::zeros({0}, DType::Float32), {10, 3});
   std::vector<std::int64_t> rows, cols;
   std::vector<float> vals;
   for (std::int64_t row : {std::int64_t{rank}, std::int64_t{rank + 1}, std::int64_t{7}})
@@ -25,7 +27,8 @@ Tensor sparse_grad(int rank) {
   std::vector<std::int64_t> idx = rows;
   idx.insert(idx.end(), cols.begin(), cols.end());
   const auto nnz = static_cast<std::int64_t>(vals.size());
-  return Tensor::sparse_coo(Tensor::from_vector<std::int64_t>(idx, {2, nnz}), Tensor::from_vector<float>(vals), {10, 3});
+  return Tensor::sparse_coo(Tensor::from_vector<std::int64_t>(idx, {2, nnz}),
+                            Tensor::from_vector<float>(vals), {10, 3});
 }
 
 Tensor dense_sum(int size) {
@@ -41,7 +44,8 @@ Tensor dense_sum(int size) {
 
 TEST_CASE("sparse leaves next to dense ones: all_reduce SUM and AVG, bucketed or not", "[sparse]") {
   const int rank = td::get_rank(), size = td::get_world_size();
-  for (std::optional<std::size_t> cap : {std::optional<std::size_t>{}, std::optional<std::size_t>{64}}) {
+  for (std::optional<std::size_t> cap :
+       {std::optional<std::size_t>{}, std::optional<std::size_t>{64}}) {
     for (ReduceOp op : {ReduceOp::SUM, ReduceOp::AVG}) {
       for (bool async : {false, true}) {
         TensorDict d;
@@ -56,7 +60,8 @@ TEST_CASE("sparse leaves next to dense ones: all_reduce SUM and AVG, bucketed or
         Tensor expect = dense_sum(size);
         if (op == ReduceOp::AVG) expect.array<float>() /= static_cast<float>(size);
         CHECK(g.to_dense().equal(expect));
-        CHECK(d.get("w").to_vector<float>() == std::vector<float>(5, op == ReduceOp::AVG ? 2.f : 2.f * static_cast<float>(size)));
+        CHECK(d.get("w").to_vector<float>() ==
+              std::vector<float>(5, op == ReduceOp::AVG ? 2.f : 2.f * static_cast<float>(size)));
       }
     }
   }
@@ -75,10 +80,12 @@ TEST_CASE("sparse reduce to dst and broadcast from src", "[sparse]") {
 
 TEST_CASE("disjoint indices: the union, nothing summed", "[sparse]") {
   const int rank = td::get_rank(), size = td::get_world_size();
-  Tensor t = Tensor::sparse_coo(Tensor::from_vector<std::int64_t>({rank}, {1, 1}), Tensor::from_vector<double>({1.5}), {size});
+  Tensor t = Tensor::sparse_coo(Tensor::from_vector<std::int64_t>({rank}, {1, 1}),
+                                Tensor::from_vector<double>({1.5}), {size});
   td::all_reduce(t);
   CHECK(t.nnz() == size);
-  CHECK(t.to_dense().to_vector<double>() == std::vector<double>(static_cast<std::size_t>(size), 1.5));
+  CHECK(t.to_dense().to_vector<double>() ==
+        std::vector<double>(static_cast<std::size_t>(size), 1.5));
 }
 
 TEST_CASE("ops without a sparse meaning are rejected on every rank", "[sparse][errors]") {

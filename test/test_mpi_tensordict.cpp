@@ -29,25 +29,29 @@ struct LeafSpec {
 // The same random layout on every rank (seeded by `seed`); values depend on the rank.
 std::vector<LeafSpec> random_layout(std::uint32_t seed, bool floats_only) {
   std::mt19937 rng(seed);
-  const DType any[] = {DType::Float32, DType::Float64, DType::Int32, DType::Int64, DType::BFloat16, DType::UInt8};
+  const DType any[] = {DType::Float32, DType::Float64,  DType::Int32,
+                       DType::Int64,   DType::BFloat16, DType::UInt8};
   const DType floats[] = {DType::Float32, DType::Float64, DType::BFloat16, DType::Float16};
   std::vector<LeafSpec> out;
   const int n = std::uniform_int_distribution<int>(1, 40)(rng);
   for (int i = 0; i < n; ++i) {
     std::vector<std::string> parts;
     const int depth = std::uniform_int_distribution<int>(1, 3)(rng);
-    for (int k = 0; k < depth; ++k) parts.push_back(fmt::format("{}{}", static_cast<char>('a' + rng() % 4), i * 4 + k));
+    for (int k = 0; k < depth; ++k)
+      parts.push_back(fmt::format("{}{}", static_cast<char>('a' + rng() % 4), i * 4 + k));
     const DType d = floats_only ? floats[rng() % 4] : any[rng() % 6];
     td::Shape shape;
     const int kind = static_cast<int>(rng() % 10);
     if (kind == 0) {
       shape = {0};
     } else if (kind < 3) {
-      shape = {std::uniform_int_distribution<std::int64_t>(1, 6)(rng), std::uniform_int_distribution<std::int64_t>(1, 6)(rng)};
+      shape = {std::uniform_int_distribution<std::int64_t>(1, 6)(rng),
+               std::uniform_int_distribution<std::int64_t>(1, 6)(rng)};
     } else {
       shape = {std::uniform_int_distribution<std::int64_t>(1, 700)(rng)};
     }
-    const int view = shape.size() == 2 && rng() % 2 ? 1 : (shape.size() == 1 && rng() % 8 == 0 ? 2 : 0);
+    const int view =
+        shape.size() == 2 && rng() % 2 ? 1 : (shape.size() == 1 && rng() % 8 == 0 ? 2 : 0);
     out.push_back({Key(std::move(parts)), d, shape, view});
   }
   return out;
@@ -65,7 +69,8 @@ TensorDict build(const std::vector<LeafSpec>& specs, ReduceOp op, int rank, std:
     td::visit(s.dtype, [&](auto tag) {
       using T = typename decltype(tag)::type;
       Tensor t;
-      if (s.view == 1) {  // a transposed view of a [c, r] tensor holding the inputs in logical order
+      if (s.view ==
+          1) {  // a transposed view of a [c, r] tensor holding the inputs in logical order
         Tensor base = Tensor::empty({s.shape[1], s.shape[0]}, s.dtype);
         t = base.transpose(0, 1);
         t.copy_(make_input<T>(op, rank, s.shape));
@@ -82,14 +87,15 @@ TensorDict build(const std::vector<LeafSpec>& specs, ReduceOp op, int rank, std:
   return d;
 }
 
-bool matches_reference(const TensorDict& d, const std::vector<LeafSpec>& specs, ReduceOp op, int size, Kind kind,
-                       int root) {
+bool matches_reference(const TensorDict& d, const std::vector<LeafSpec>& specs, ReduceOp op,
+                       int size, Kind kind, int root) {
   bool ok = true;
   for (const auto& s : specs) {
     td::visit(s.dtype, [&](auto tag) {
       using T = typename decltype(tag)::type;
       const Tensor& t = d.get(s.key);
-      const bool good = kind == Kind::Broadcast ? holds_input<T>(t, op, root) : holds_expected<T>(t, op, size);
+      const bool good =
+          kind == Kind::Broadcast ? holds_input<T>(t, op, root) : holds_expected<T>(t, op, size);
       if (!good) {
         UNSCOPED_INFO("leaf " << s.key.str() << " " << td::name(s.dtype) << " wrong: " << t);
         ok = false;
@@ -101,9 +107,11 @@ bool matches_reference(const TensorDict& d, const std::vector<LeafSpec>& specs, 
 
 }  // namespace
 
-TEST_CASE("random layouts x bucket sizes x ops x sync/async x all_reduce/reduce/broadcast", "[tensordict][property]") {
+TEST_CASE("random layouts x bucket sizes x ops x sync/async x all_reduce/reduce/broadcast",
+          "[tensordict][property]") {
   const int rank = td::get_rank(), size = td::get_world_size();
-  const std::optional<std::size_t> caps[] = {std::nullopt, 1, 256, 4096, 1 << 20, td::kAutoBucketBytes};
+  const std::optional<std::size_t> caps[] = {std::nullopt, 1,       256,
+                                             4096,         1 << 20, td::kAutoBucketBytes};
   const ReduceOp ops[] = {ReduceOp::SUM, ReduceOp::MAX, ReduceOp::AVG, ReduceOp::PRODUCT};
   int combos = 0;
   for (std::uint32_t seed = 1; seed <= 6; ++seed) {
@@ -123,9 +131,11 @@ TEST_CASE("random layouts x bucket sizes x ops x sync/async x all_reduce/reduce/
             if (kind == Kind::Broadcast) works = d.broadcast(root, opts);
             if (!async) CHECK(works.empty());
             td::wait_all(works);
-            INFO("seed " << seed << " cap " << (cap ? std::to_string(*cap) : "none") << " op " << td::name(op) << " kind "
-                         << static_cast<int>(kind) << " async " << async);
-            if (kind != Kind::Reduce || rank == root) CHECK(matches_reference(d, specs, op, size, kind, root));
+            INFO("seed " << seed << " cap " << (cap ? std::to_string(*cap) : "none") << " op "
+                         << td::name(op) << " kind " << static_cast<int>(kind) << " async "
+                         << async);
+            if (kind != Kind::Reduce || rank == root)
+              CHECK(matches_reference(d, specs, op, size, kind, root));
             ++combos;
           }
         }
@@ -140,19 +150,23 @@ TEST_CASE("keys inserted in different orders on different ranks pair correctly",
   TensorDict d;
   std::vector<std::string> names{"w", "b", "a", "z"};
   std::rotate(names.begin(), names.begin() + rank % 4, names.end());
-  for (const auto& n : names) d.set({"layer", n}, Tensor::full<float>({3}, static_cast<float>(n[0])));
+  for (const auto& n : names)
+    d.set({"layer", n}, Tensor::full<float>({3}, static_cast<float>(n[0])));
   d.all_reduce(ReduceOp::SUM, {.bucket_bytes = 1 << 10});
-  for (const auto& n : names) CHECK(d.get({"layer", n}).to_vector<float>()[0] == static_cast<float>(n[0] * size));
+  for (const auto& n : names)
+    CHECK(d.get({"layer", n}).to_vector<float>()[0] == static_cast<float>(n[0] * size));
 }
 
-TEST_CASE("two keys holding the same storage are reduced once; overlapping views are rejected", "[tensordict][alias]") {
+TEST_CASE("two keys holding the same storage are reduced once; overlapping views are rejected",
+          "[tensordict][alias]") {
   const int size = td::get_world_size();
   Tensor shared = Tensor::full<float>({4}, 1.f);
   TensorDict d;
   d.set("a", shared);
   d.set({"n", "b"}, shared);
   d.set("c", Tensor::full<float>({4}, 2.f));
-  for (std::optional<std::size_t> cap : {std::optional<std::size_t>{}, std::optional<std::size_t>{1 << 20}}) {
+  for (std::optional<std::size_t> cap :
+       {std::optional<std::size_t>{}, std::optional<std::size_t>{1 << 20}}) {
     shared.copy_(Tensor::full<float>({4}, 1.f));
     d.all_reduce(ReduceOp::SUM, {.bucket_bytes = cap});
     CHECK(d.get("a").to_vector<float>() == std::vector<float>(4, static_cast<float>(size)));
@@ -191,31 +205,37 @@ TEST_CASE("the plan is cached across calls on the same layout", "[tensordict][pl
   CHECK(td::packer_stats().plan_misses == after.plan_misses + 1);
 }
 
-TEST_CASE("consolidate: bucketed collectives run on the storage with no pack buffer", "[tensordict][consolidate]") {
+TEST_CASE("consolidate: bucketed collectives run on the storage with no pack buffer",
+          "[tensordict][consolidate]") {
   const int rank = td::get_rank(), size = td::get_world_size();
   TensorDict d;
-  for (int i = 0; i < 50; ++i) d.set({"g", fmt::format("p{}", i)}, make_input<float>(ReduceOp::SUM, rank, {37}));
+  for (int i = 0; i < 50; ++i)
+    d.set({"g", fmt::format("p{}", i)}, make_input<float>(ReduceOp::SUM, rank, {37}));
   d.set("i", make_input<std::int64_t>(ReduceOp::SUM, rank, {5}));
   d.consolidate();
   td::reset_packer_stats();
   d.all_reduce(ReduceOp::SUM, {.bucket_bytes = 1024});
   CHECK(td::packer_stats().peak_extra_bytes == 0);
-  for (int i = 0; i < 50; ++i) CHECK(holds_expected<float>(d.get({"g", fmt::format("p{}", i)}), ReduceOp::SUM, size));
+  for (int i = 0; i < 50; ++i)
+    CHECK(holds_expected<float>(d.get({"g", fmt::format("p{}", i)}), ReduceOp::SUM, size));
   CHECK(holds_expected<std::int64_t>(d.get("i"), ReduceOp::SUM, size));
   // without consolidate the same call needs a pack buffer, bounded by the cap
   TensorDict e;
-  for (int i = 0; i < 50; ++i) e.set({"g", fmt::format("p{}", i)}, make_input<float>(ReduceOp::SUM, rank, {37}));
+  for (int i = 0; i < 50; ++i)
+    e.set({"g", fmt::format("p{}", i)}, make_input<float>(ReduceOp::SUM, rank, {37}));
   td::reset_packer_stats();
   e.all_reduce(ReduceOp::SUM, {.bucket_bytes = 1024});
   CHECK(td::packer_stats().peak_extra_bytes > 0);
   CHECK(td::packer_stats().peak_extra_bytes <= 1024);
 }
 
-TEST_CASE("a layout mismatch is a LayoutMismatchError on every rank naming the key; nothing changes",
-          "[tensordict][errors]") {
+TEST_CASE(
+    "a layout mismatch is a LayoutMismatchError on every rank naming the key; nothing changes",
+    "[tensordict][errors]") {
   const int rank = td::get_rank(), size = td::get_world_size();
   if (size < 2) return;  // nothing to disagree with
-  auto expect_mismatch = [&](TensorDict& d, const std::string& key, td::CollectiveOptions opts = {}) {
+  auto expect_mismatch = [&](TensorDict& d, const std::string& key,
+                             td::CollectiveOptions opts = {}) {
     TensorDict before = d.clone();
     try {
       d.all_reduce(ReduceOp::SUM, opts);
@@ -254,7 +274,8 @@ TEST_CASE("a layout mismatch is a LayoutMismatchError on every rank naming the k
   {  // bucket sizes differ
     TensorDict d;
     d.set("a", Tensor::full<float>({3}, 1.f));
-    CHECK_THROWS_AS(d.all_reduce(ReduceOp::SUM, {.bucket_bytes = rank == 0 ? 64 : 128}), td::LayoutMismatchError);
+    CHECK_THROWS_AS(d.all_reduce(ReduceOp::SUM, {.bucket_bytes = rank == 0 ? 64 : 128}),
+                    td::LayoutMismatchError);
     CHECK(d.get("a").to_vector<float>() == std::vector<float>(3, 1.f));
   }
   // after all of that the group still works
@@ -283,7 +304,8 @@ TEST_CASE("async bucketed works outlive the dict", "[tensordict][async]") {
   Tensor keep;
   {
     TensorDict d;
-    for (int i = 0; i < 30; ++i) d.set(fmt::format("p{}", i), make_input<float>(ReduceOp::SUM, rank, {100}));
+    for (int i = 0; i < 30; ++i)
+      d.set(fmt::format("p{}", i), make_input<float>(ReduceOp::SUM, rank, {100}));
     keep = d.get("p7");
     works = d.all_reduce(ReduceOp::SUM, {.async_op = true, .bucket_bytes = 1200});
     CHECK(works.size() == 10);  // 400 B leaves, three to a bucket
@@ -292,17 +314,21 @@ TEST_CASE("async bucketed works outlive the dict", "[tensordict][async]") {
   CHECK(holds_expected<float>(keep, ReduceOp::SUM, size));
 }
 
-TEST_CASE("bucketed: every dtype x every op it supports, several leaves per dtype", "[tensordict][dtypes]") {
+TEST_CASE("bucketed: every dtype x every op it supports, several leaves per dtype",
+          "[tensordict][dtypes]") {
   const int rank = td::get_rank(), size = td::get_world_size();
   for (ReduceOp op : kAllOps) {
-    for (std::optional<std::size_t> cap : {std::optional<std::size_t>{}, std::optional<std::size_t>{64}}) {
+    for (std::optional<std::size_t> cap :
+         {std::optional<std::size_t>{}, std::optional<std::size_t>{64}}) {
       TensorDict d;
       for (std::size_t k = 0; k < td::kNumDTypes; ++k) {
         const auto dtype = static_cast<DType>(k);
         if (!td::supports(op, dtype)) continue;
         td::visit(dtype, [&](auto tag) {
           using T = typename decltype(tag)::type;
-          for (int j = 0; j < 3; ++j) d.set({std::string(td::name(dtype)), fmt::format("l{}", j)}, make_input<T>(op, rank, {5 + j}));
+          for (int j = 0; j < 3; ++j)
+            d.set({std::string(td::name(dtype)), fmt::format("l{}", j)},
+                  make_input<T>(op, rank, {5 + j}));
         });
       }
       d.all_reduce(op, {.bucket_bytes = cap});

@@ -36,7 +36,8 @@ TEST_CASE("strict cap: same-dtype leaves packed, never over the cap", "[plan]") 
 }
 
 TEST_CASE("a leaf over the cap is a bucket of its own", "[plan]") {
-  std::vector<LeafLayout> leaves{leaf(DType::Float32, 4), leaf(DType::Float32, 1000), leaf(DType::Float32, 4)};
+  std::vector<LeafLayout> leaves{leaf(DType::Float32, 4), leaf(DType::Float32, 1000),
+                                 leaf(DType::Float32, 4)};
   auto plan = BucketPlan::build(leaves, 64);
   REQUIRE(plan.buckets.size() == 2);
   CHECK(plan.buckets[0].slots.size() == 2);  // leaves 0 and 2 share a bucket
@@ -45,9 +46,11 @@ TEST_CASE("a leaf over the cap is a bucket of its own", "[plan]") {
   CHECK(plan.check(leaves).empty());
 }
 
-TEST_CASE("dtypes never mix; non-contiguous, sparse, aliased and empty leaves are not packed", "[plan]") {
-  std::vector<LeafLayout> leaves{leaf(DType::Float32, 4), leaf(DType::Int64, 2), leaf(DType::Float32, 4, false),
-                                 leaf(DType::Float32, 4), leaf(DType::Float32, 0), leaf(DType::Int64, 2)};
+TEST_CASE("dtypes never mix; non-contiguous, sparse, aliased and empty leaves are not packed",
+          "[plan]") {
+  std::vector<LeafLayout> leaves{leaf(DType::Float32, 4),        leaf(DType::Int64, 2),
+                                 leaf(DType::Float32, 4, false), leaf(DType::Float32, 4),
+                                 leaf(DType::Float32, 0),        leaf(DType::Int64, 2)};
   LeafLayout sparse = leaf(DType::Float32, 8);
   sparse.sparse = true;
   sparse.contiguous = false;
@@ -74,13 +77,14 @@ TEST_CASE("random layouts keep every invariant", "[plan][property]") {
     std::vector<LeafLayout> leaves;
     const int n = std::uniform_int_distribution<int>(0, 60)(rng);
     for (int i = 0; i < n; ++i) {
-      LeafLayout l = leaf(static_cast<DType>(rng() % td::kNumDTypes), std::uniform_int_distribution<int>(0, 300)(rng),
-                          rng() % 8 != 0);
+      LeafLayout l = leaf(static_cast<DType>(rng() % td::kNumDTypes),
+                          std::uniform_int_distribution<int>(0, 300)(rng), rng() % 8 != 0);
       if (rng() % 16 == 0) {
         l.sparse = true;
         l.contiguous = false;
       }
-      if (i > 0 && rng() % 16 == 0) l.alias_of = static_cast<std::int64_t>(rng() % static_cast<unsigned>(i));
+      if (i > 0 && rng() % 16 == 0)
+        l.alias_of = static_cast<std::int64_t>(rng() % static_cast<unsigned>(i));
       leaves.push_back(l);
     }
     std::optional<std::size_t> cap;

@@ -98,20 +98,27 @@ TEST_CASE("Eigen views do math on contiguous tensors", "[tensor]") {
 }
 
 TEST_CASE("printing matches torch", "[tensor][format]") {
-  CHECK(td::to_string(Tensor::from_vector<std::int64_t>({2, 4, 6, 8, 10})) == "tensor([2, 4, 6, 8, 10])");
+  CHECK(td::to_string(Tensor::from_vector<std::int64_t>({2, 4, 6, 8, 10})) ==
+        "tensor([2, 4, 6, 8, 10])");
   CHECK(fmt::format("{}", Tensor::full<float>({3}, 1.f)) == "tensor([1., 1., 1.])");
   CHECK(td::to_string(Tensor::from_vector<float>({1.5f, 2.f})) == "tensor([1.5000, 2.0000])");
   CHECK(td::to_string(Tensor::from_vector<std::int64_t>({1, 10})) == "tensor([1, 10])");
-  CHECK(td::to_string(Tensor::from_vector<std::int32_t>({1, 2})) == "tensor([1, 2], dtype=torch.int32)");
-  CHECK(td::to_string(Tensor::from_vector<double>({1, 2})) == "tensor([1., 2.], dtype=torch.float64)");
+  CHECK(td::to_string(Tensor::from_vector<std::int32_t>({1, 2})) ==
+        "tensor([1, 2], dtype=torch.int32)");
+  CHECK(td::to_string(Tensor::from_vector<double>({1, 2})) ==
+        "tensor([1., 2.], dtype=torch.float64)");
   CHECK(td::to_string(Tensor::from_vector<bool>({true, false})) == "tensor([True, False])");
-  CHECK(td::to_string(Tensor::from_vector<std::int64_t>({1, 2, 3, 4}, {2, 2})) == "tensor([[1, 2],\n        [3, 4]])");
-  CHECK(td::to_string(Tensor::from_vector<std::int64_t>({1, 20, 3, 4}, {2, 2})) == "tensor([[ 1, 20],\n        [ 3,  4]])");
+  CHECK(td::to_string(Tensor::from_vector<std::int64_t>({1, 2, 3, 4}, {2, 2})) ==
+        "tensor([[1, 2],\n        [3, 4]])");
+  CHECK(td::to_string(Tensor::from_vector<std::int64_t>({1, 20, 3, 4}, {2, 2})) ==
+        "tensor([[ 1, 20],\n        [ 3,  4]])");
   CHECK(td::to_string(Tensor::full<std::int64_t>({}, 5)) == "tensor(5)");
   CHECK(td::to_string(Tensor::zeros({0}, DType::Float32)) == "tensor([])");
   CHECK(td::to_string(Tensor::zeros({0}, DType::Int64)) == "tensor([], dtype=torch.int64)");
-  CHECK(td::to_string(Tensor::full<Eigen::half>({2}, Eigen::half(0.5f))) == "tensor([0.5000, 0.5000], dtype=torch.float16)");
-  CHECK(td::to_string(Tensor::from_vector<float>({1e-5f, 1.f})) == "tensor([1.0000e-05, 1.0000e+00])");
+  CHECK(td::to_string(Tensor::full<Eigen::half>({2}, Eigen::half(0.5f))) ==
+        "tensor([0.5000, 0.5000], dtype=torch.float16)");
+  CHECK(td::to_string(Tensor::from_vector<float>({1e-5f, 1.f})) ==
+        "tensor([1.0000e-05, 1.0000e+00])");
   // every dtype prints without throwing
   for (std::size_t i = 0; i < td::kNumDTypes; ++i) {
     std::ostringstream os;
@@ -136,6 +143,7 @@ TEST_CASE("sparse COO: densify and coalesce", "[tensor][sparse]") {
   CHECK(c.is_coalesced());
   CHECK(c.nnz() == 2);
   CHECK(c.to_dense().equal(s.to_dense()));
-  CHECK_THROWS_AS(Tensor::sparse_coo(Tensor::from_vector<std::int64_t>({5, 0}, {2, 1}), Tensor::from_vector<float>({1}), {3, 2}),
+  CHECK_THROWS_AS(Tensor::sparse_coo(Tensor::from_vector<std::int64_t>({5, 0}, {2, 1}),
+                                     Tensor::from_vector<float>({1}), {3, 2}),
                   std::invalid_argument);
 }

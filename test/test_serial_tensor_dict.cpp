@@ -79,7 +79,8 @@ TEST_CASE("keys: insertion order, nested, leaves only; canonical order is sorted
   CHECK(d.canonical_leaves()[1].first.str() == "m.0");
 }
 
-TEST_CASE("clone, apply, flatten/unflatten, select/exclude, update, zero_, equality", "[tensordict]") {
+TEST_CASE("clone, apply, flatten/unflatten, select/exclude, update, zero_, equality",
+          "[tensordict]") {
   TensorDict d;
   d.set({"a", "b"}, Tensor::full<float>({2}, 2.f));
   d.set("c", Tensor::full<int>({1}, 3));
@@ -124,7 +125,8 @@ TEST_CASE("clone, apply, flatten/unflatten, select/exclude, update, zero_, equal
   CHECK(x == y);
 }
 
-TEST_CASE("consolidate puts each dtype in one storage in canonical order, keeping values", "[tensordict]") {
+TEST_CASE("consolidate puts each dtype in one storage in canonical order, keeping values",
+          "[tensordict]") {
   TensorDict d;
   d.set("b", Tensor::from_vector<float>({3, 4}));
   d.set("a", Tensor::from_vector<float>({1, 2}));
@@ -150,7 +152,7 @@ TEST_CASE("a moved-from dict throws instead of crashing", "[tensordict]") {
   d.set("a", Tensor::zeros({1}, td::DType::Float32));
   Tensor& ref = d.get("a");
   TensorDict e = std::move(d);
-  CHECK(ref.numel() == 1);  // the node moved with the dict
+  CHECK(ref.numel() == 1);                 // the node moved with the dict
   CHECK_THROWS_AS(d.get("a"), td::Error);  // NOLINT(bugprone-use-after-move): tested on purpose
   CHECK(e.contains("a"));
 }

@@ -13,8 +13,8 @@
 #include <random>
 #include <vector>
 
-#include <Eigen/Core>
 #include <fmt/format.h>
+#include <Eigen/Core>
 
 #include <tensordict/tensordict.hpp>
 
@@ -105,8 +105,8 @@ int main(int argc, char** argv) {
     // Every shard has the same size, so the average of the shards' gradients is the gradient of
     // the loss over all the data. async_op hands back the pending Works; a real model would
     // launch this per layer during the backward pass and overlap it with the remaining layers.
-    std::vector<td::Work> works = out.all_reduce(
-        td::ReduceOp::AVG, {.async_op = true, .bucket_bytes = td::kAutoBucketBytes});
+    std::vector<td::Work> works =
+        out.all_reduce(td::ReduceOp::AVG, {.async_op = true, .bucket_bytes = td::kAutoBucketBytes});
     td::wait_all(works);  // the averaged values may be read only after this
 
     // The same averaged gradient on every rank gives the same update on every rank.

@@ -1,5 +1,6 @@
 // Element types. One list (TD_FOR_EACH_DTYPE) generates the enum's names, sizes and the dispatch
-// helper td::visit; the enum's order is part of the wire format (layout fingerprints), so append only.
+// helper td::visit; the enum's order is part of the wire format (layout fingerprints), so append
+// only.
 #pragma once
 
 #include <complex>
@@ -13,17 +14,17 @@
 #include "tensordict/export.hpp"
 
 // X(enumerator, C++ type, name as torch prints it without the "torch." prefix)
-#define TD_FOR_EACH_DTYPE(X)               \
-  X(Bool, bool, "bool")                    \
-  X(UInt8, std::uint8_t, "uint8")          \
-  X(Int8, std::int8_t, "int8")             \
-  X(Int16, std::int16_t, "int16")          \
-  X(Int32, std::int32_t, "int32")          \
-  X(Int64, std::int64_t, "int64")          \
-  X(Float16, Eigen::half, "float16")       \
-  X(BFloat16, Eigen::bfloat16, "bfloat16") \
-  X(Float32, float, "float32")             \
-  X(Float64, double, "float64")            \
+#define TD_FOR_EACH_DTYPE(X)                     \
+  X(Bool, bool, "bool")                          \
+  X(UInt8, std::uint8_t, "uint8")                \
+  X(Int8, std::int8_t, "int8")                   \
+  X(Int16, std::int16_t, "int16")                \
+  X(Int32, std::int32_t, "int32")                \
+  X(Int64, std::int64_t, "int64")                \
+  X(Float16, Eigen::half, "float16")             \
+  X(BFloat16, Eigen::bfloat16, "bfloat16")       \
+  X(Float32, float, "float32")                   \
+  X(Float64, double, "float64")                  \
   X(Complex64, std::complex<float>, "complex64") \
   X(Complex128, std::complex<double>, "complex128")
 
@@ -51,10 +52,10 @@ TD_API std::size_t itemsize(DType dtype);
 namespace detail {
 template <class T>
 struct DTypeOf;
-#define TD_DTYPE_OF(e, T, n)                                        \
-  template <>                                                       \
-  struct DTypeOf<T> {                                               \
-    static constexpr DType value = DType::e;                        \
+#define TD_DTYPE_OF(e, T, n)                 \
+  template <>                                \
+  struct DTypeOf<T> {                        \
+    static constexpr DType value = DType::e; \
   };
 TD_FOR_EACH_DTYPE(TD_DTYPE_OF)
 #undef TD_DTYPE_OF

@@ -51,6 +51,9 @@ class TD_API ProcessGroup {
 struct InitOptions {
   /// Default timeout of every collective's rendezvous (overridden by TD_TIMEOUT_MS, then per call).
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+  /// Install a std::terminate handler that prints the uncaught exception with this rank's number
+  /// and calls MPI_Abort, so one rank's exception ends the whole job instead of hanging the others.
+  bool abort_on_uncaught_exception = true;
 };
 
 /// Initialises MPI (MPI_THREAD_MULTIPLE) unless the caller already did; idempotent.

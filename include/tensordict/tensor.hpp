@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include <Eigen/Core>
 #include <fmt/format.h>
+#include <Eigen/Core>
 
 #include "tensordict/dtype.hpp"
 #include "tensordict/errors.hpp"
@@ -139,7 +139,8 @@ class TD_API Tensor {
   std::shared_ptr<const detail::SparseParts> sparse_;
 };
 
-/// Prints like torch: tensor([2, 4, 6]), tensor([1., 1.]), with a dtype= suffix where torch prints one.
+/// Prints like torch: tensor([2, 4, 6]), tensor([1., 1.]), with a dtype= suffix where torch prints
+/// one.
 TD_API std::string to_string(const Tensor& t);
 /// Prints like to_string().
 TD_API std::ostream& operator<<(std::ostream& os, const Tensor& t);

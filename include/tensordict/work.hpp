@@ -41,4 +41,11 @@ class TD_API Work {
 /// Waits for every Work in order; rethrows the first error after waiting for all of them.
 TD_API void wait_all(std::vector<Work>& works);
 
+/// Turns the background progress thread on or off for operations started from now on (default
+/// on, or TD_PROGRESS_THREAD). With it, async collectives advance while the caller computes;
+/// without it they advance only inside wait() and is_completed().
+TD_API void set_async_progress(bool enabled);
+/// Whether new async operations get the progress thread (needs MPI_THREAD_MULTIPLE).
+TD_API bool async_progress_enabled();
+
 }  // namespace td

@@ -1,0 +1,76 @@
+# Convenience front end to CMake/CTest. `make test` is the one command CI (.ci/run) and people use.
+# CMAKE_ARGS adds configure flags, e.g. make configure CMAKE_ARGS='-DTD_SANITIZE=address;undefined'
+
+BUILD_DIR    ?= build
+BUILD_TYPE   ?= Release
+CMAKE        ?= cmake
+CTEST        ?= ctest
+CLANG_FORMAT ?= clang-format
+CLANG_TIDY   ?= clang-tidy
+DOXYGEN      ?= doxygen
+MPIRUN       ?= mpirun
+CMAKE_ARGS   ?=
+JOBS         ?= $(shell nproc 2>/dev/null || echo 2)
+
+# Warnings are errors in CI builds (CONVENTIONS.md); CI sets CI (GitHub, GitLab do).
+WERROR := $(if $(CI),ON,OFF)
+
+DEB_PACKAGES := libopenmpi-dev openmpi-bin libeigen3-dev catch2 libfmt-dev libcli11-dev \
+                gnuplot-nox doxygen clang-14 pkg-config cmake g++ clang-format clang-tidy make \
+                iproute2
+
+# Every C++ file we own, tracked or about to be (untracked but not ignored).
+CXX_FILES = $(shell git ls-files --cached --others --exclude-standard -- '*.cpp' '*.hpp' \
+                ':!:$(BUILD_DIR)/*')
+
+.DEFAULT_GOAL := build
+# Prerequisites run in order (deps before configure); parallelism lives inside cmake --build.
+.NOTPARALLEL:
+.PHONY: deps configure build test bench docs format format-check lint clean
+
+deps:
+	@missing=""; \
+	for p in $(DEB_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "deps: installing$$missing"; \
+	  if [ "$$(id -u)" -eq 0 ]; then sudo=""; else sudo="sudo"; fi; \
+	  $$sudo apt-get update && \
+	  $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; \
+	fi
+
+configure:
+	$(CMAKE) -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
+	  -DTD_WARNINGS_AS_ERRORS=$(WERROR) $(CMAKE_ARGS)
+
+build: configure
+	$(CMAKE) --build $(BUILD_DIR) -j$(JOBS)
+
+test: deps build
+	cd $(BUILD_DIR) && $(CTEST) --output-on-failure -j2 --timeout 300
+
+bench: deps build
+	@test -x $(BUILD_DIR)/bin/bench_allreduce || { \
+	  echo "bench: $(BUILD_DIR)/bin/bench_allreduce does not exist (is bench/bench_allreduce.cpp written?)" >&2; \
+	  exit 1; }
+	mkdir -p $(BUILD_DIR)/bench
+	$(MPIRUN) --allow-run-as-root --oversubscribe -np 2 $(BUILD_DIR)/bin/bench_allreduce \
+	  --csv $(BUILD_DIR)/bench/allreduce.csv
+
+# configure first: the generated version.hpp is part of the documented API.
+docs: configure
+	mkdir -p $(BUILD_DIR)/docs
+	$(DOXYGEN) Doxyfile
+
+format:
+	$(if $(CXX_FILES),$(CLANG_FORMAT) -i $(CXX_FILES),@echo "format: no C++ files")
+
+format-check:
+	$(if $(CXX_FILES),$(CLANG_FORMAT) --dry-run -Werror $(CXX_FILES),@echo "format-check: no C++ files")
+
+lint: configure
+	$(CLANG_TIDY) -p $(BUILD_DIR) --quiet --warnings-as-errors='*' $(wildcard src/*.cpp)
+
+clean:
+	rm -rf $(BUILD_DIR)

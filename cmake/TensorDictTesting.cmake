@@ -1,0 +1,222 @@
+# Test registration helpers for tensordict-mpi.
+#
+#   td_add_serial_test(NAME n SOURCES a.cpp... [TIMEOUT s] [LABELS l...])
+#       One executable, run directly as test `n` (label serial). No MPI_Init in its main.
+#   td_add_mpi_test(NAME n SOURCES a.cpp... [RANKS 1 2 3 4] [TIMEOUT s] [LABELS l...])
+#       One executable, registered once per rank count as `n.<N>ranks` under mpiexec (label mpi).
+#       Its main initialises the process group, silences ranks other than 0 unless they fail and
+#       agrees on the exit code across ranks. An odd rank count catches power-of-two assumptions;
+#       the TIMEOUT turns a deadlock into a failure instead of a hung CI job.
+#   td_add_example_test(NAME n [TARGET t] COMMAND_RANKS N EXPECT "line"... [TIMEOUT s])
+#       Runs executable target t (default: n) under mpiexec at N ranks as test
+#       `example.n.<N>ranks` and fails unless it exits 0 and every EXPECT line appears as a whole
+#       line of its stdout (cmake/RunAndCompare.cmake). EXPECT lines may contain unbalanced
+#       brackets (multi-line tensor prints); they may not contain ';'.
+#   td_register_example_tests(TARGET t SOURCE file.cpp)
+#       Reads `// RANKS: N [M...]` and `// EXPECT: text` comment lines from an example's source
+#       and calls td_add_example_test for each rank count. Text after "// EXPECT: " is taken
+#       verbatim, leading spaces included. No RANKS line: no test.
+
+include_guard(GLOBAL)
+
+set(TD_MPIEXEC_FLAGS "--oversubscribe;--allow-run-as-root" CACHE STRING
+    "Flags given to mpiexec before the rank count's program (Open MPI spelling)")
+set(TD_TEST_TIMEOUT 120 CACHE STRING "Default CTest TIMEOUT of a test, in seconds")
+
+set(_TD_RUN_AND_COMPARE "${CMAKE_CURRENT_LIST_DIR}/RunAndCompare.cmake")
+set(_TD_TEST_MAIN "${PROJECT_SOURCE_DIR}/test/main.cpp")
+
+if(NOT MPIEXEC_EXECUTABLE)
+  message(FATAL_ERROR "TensorDictTesting: mpiexec not found (MPIEXEC_EXECUTABLE is empty)")
+endif()
+
+# Environment of every test. Oversubscription and yielding keep 4 ranks on 2 cores from
+# busy-polling each other into timeouts.
+set(_TD_TEST_ENV "")
+set(_TD_MPI_TEST_ENV
+  "OMPI_MCA_rmaps_base_oversubscribe=1"
+  "OMPI_MCA_mpi_yield_when_idle=1")
+if("address" IN_LIST TD_SANITIZE)
+  # Open MPI's own allocations are reported as leaks; we only want our errors.
+  list(APPEND _TD_TEST_ENV "ASAN_OPTIONS=detect_leaks=0:abort_on_error=0")
+endif()
+if("undefined" IN_LIST TD_SANITIZE)
+  list(APPEND _TD_TEST_ENV "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
+endif()
+if("thread" IN_LIST TD_SANITIZE)
+  list(APPEND _TD_TEST_ENV "TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1")
+endif()
+list(PREPEND _TD_MPI_TEST_ENV ${_TD_TEST_ENV})
+
+# The test main is compiled twice: with TD_TEST_MPI (initialises the process group, agrees on
+# the exit code) for MPI tests and without it for serial tests.
+foreach(_td_kind IN ITEMS serial mpi)
+  if(NOT TARGET td_test_main_${_td_kind})
+    add_library(td_test_main_${_td_kind} OBJECT "${_TD_TEST_MAIN}")
+    target_link_libraries(td_test_main_${_td_kind} PUBLIC TensorDict::tensordict Catch2::Catch2
+                                                          td_warnings)
+  endif()
+endforeach()
+target_compile_definitions(td_test_main_mpi PRIVATE TD_TEST_MPI)
+
+function(_td_add_test_executable name kind)
+  add_executable(${name} ${ARGN})
+  target_link_libraries(${name} PRIVATE td_test_main_${kind} TensorDict::tensordict
+                                        Catch2::Catch2 td_warnings)
+  if(kind STREQUAL "mpi")
+    target_compile_definitions(${name} PRIVATE TD_TEST_MPI)
+  endif()
+endfunction()
+
+function(td_add_serial_test)
+  cmake_parse_arguments(PARSE_ARGV 0 arg "" "NAME;TIMEOUT" "SOURCES;LABELS")
+  if(NOT arg_NAME OR NOT arg_SOURCES)
+    message(FATAL_ERROR "td_add_serial_test: NAME and SOURCES are required")
+  endif()
+  if(NOT arg_TIMEOUT)
+    set(arg_TIMEOUT ${TD_TEST_TIMEOUT})
+  endif()
+  _td_add_test_executable(${arg_NAME} serial ${arg_SOURCES})
+  add_test(NAME ${arg_NAME} COMMAND ${arg_NAME})
+  set_tests_properties(${arg_NAME} PROPERTIES
+    TIMEOUT ${arg_TIMEOUT}
+    LABELS "serial;${arg_LABELS}")
+  if(_TD_TEST_ENV)
+    set_tests_properties(${arg_NAME} PROPERTIES ENVIRONMENT "${_TD_TEST_ENV}")
+  endif()
+endfunction()
+
+# mpiexec -n N <flags> [prefix flags] <program> [post flags] as a list, in `out`.
+function(_td_mpiexec_command out ranks program)
+  set(${out}
+    ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ranks} ${TD_MPIEXEC_FLAGS}
+    ${MPIEXEC_PREFLAGS} ${program} ${MPIEXEC_POSTFLAGS}
+    PARENT_SCOPE)
+endfunction()
+
+function(td_add_mpi_test)
+  cmake_parse_arguments(PARSE_ARGV 0 arg "" "NAME;TIMEOUT" "SOURCES;RANKS;LABELS")
+  if(NOT arg_NAME OR NOT arg_SOURCES)
+    message(FATAL_ERROR "td_add_mpi_test: NAME and SOURCES are required")
+  endif()
+  if(NOT arg_RANKS)
+    set(arg_RANKS 1 2 3 4)
+  endif()
+  if(NOT arg_TIMEOUT)
+    set(arg_TIMEOUT ${TD_TEST_TIMEOUT})
+  endif()
+  _td_add_test_executable(${arg_NAME} mpi ${arg_SOURCES})
+  foreach(n IN LISTS arg_RANKS)
+    _td_mpiexec_command(cmd ${n} $<TARGET_FILE:${arg_NAME}>)
+    add_test(NAME ${arg_NAME}.${n}ranks COMMAND ${cmd})
+    set_tests_properties(${arg_NAME}.${n}ranks PROPERTIES
+      TIMEOUT ${arg_TIMEOUT}
+      LABELS "mpi;${arg_LABELS}"
+      ENVIRONMENT "${_TD_MPI_TEST_ENV}")
+  endforeach()
+endfunction()
+
+# Writes the spec RunAndCompare.cmake reads and registers the test. Expected lines come from the
+# caller's variables _td_expect_count and _td_expect_<i> rather than a list, because CMake lists
+# do not survive unbalanced '[' (as in "tensor([[1., 2.],").
+function(_td_add_example_test_impl name target ranks timeout)
+  set(test_name example.${name}.${ranks}ranks)
+  _td_mpiexec_command(cmd ${ranks} $<TARGET_FILE:${target}>)
+  set(spec "# Generated by td_add_example_test for ${test_name}\nset(RUN_COMMAND")
+  foreach(word IN LISTS cmd)
+    string(APPEND spec " [==[${word}]==]")
+  endforeach()
+  string(APPEND spec ")\nset(TIMEOUT ${timeout})\nset(EXPECT_COUNT ${_td_expect_count})\n")
+  if(_td_expect_count GREATER 0)
+    math(EXPR last "${_td_expect_count} - 1")
+    foreach(i RANGE ${last})
+      if(_td_expect_${i} MATCHES "]==]")
+        message(FATAL_ERROR "${test_name}: an EXPECT line may not contain ']==]'")
+      endif()
+      string(APPEND spec "set(EXPECT_${i} [==[${_td_expect_${i}}]==])\n")
+    endforeach()
+  endif()
+  set(spec_file "${CMAKE_CURRENT_BINARY_DIR}/example_tests/${test_name}-$<CONFIG>.cmake")
+  file(GENERATE OUTPUT "${spec_file}" CONTENT "${spec}")
+  add_test(NAME ${test_name}
+    COMMAND ${CMAKE_COMMAND} -DSPEC=${spec_file} -P "${_TD_RUN_AND_COMPARE}")
+  math(EXPR outer_timeout "${timeout} + 10")
+  set_tests_properties(${test_name} PROPERTIES
+    TIMEOUT ${outer_timeout}
+    LABELS "example;mpi"
+    ENVIRONMENT "${_TD_MPI_TEST_ENV}")
+endfunction()
+
+function(td_add_example_test)
+  # Arguments are read one by one through ARGV<i>, never as a list (see above).
+  set(name "")
+  set(target "")
+  set(ranks "")
+  set(timeout ${TD_TEST_TIMEOUT})
+  set(_td_expect_count 0)
+  set(mode "")
+  math(EXPR last "${ARGC} - 1")
+  foreach(i RANGE ${last})
+    set(a "${ARGV${i}}")
+    if(a STREQUAL "NAME" OR a STREQUAL "TARGET" OR a STREQUAL "COMMAND_RANKS"
+       OR a STREQUAL "TIMEOUT" OR a STREQUAL "EXPECT")
+      set(mode "${a}")
+    elseif(mode STREQUAL "NAME")
+      set(name "${a}")
+    elseif(mode STREQUAL "TARGET")
+      set(target "${a}")
+    elseif(mode STREQUAL "COMMAND_RANKS")
+      set(ranks "${a}")
+    elseif(mode STREQUAL "TIMEOUT")
+      set(timeout "${a}")
+    elseif(mode STREQUAL "EXPECT")
+      set(_td_expect_${_td_expect_count} "${a}")
+      math(EXPR _td_expect_count "${_td_expect_count} + 1")
+    else()
+      message(FATAL_ERROR "td_add_example_test: unexpected argument '${a}'")
+    endif()
+  endforeach()
+  if(name STREQUAL "" OR ranks STREQUAL "")
+    message(FATAL_ERROR "td_add_example_test: NAME and COMMAND_RANKS are required")
+  endif()
+  if(target STREQUAL "")
+    set(target "${name}")
+  endif()
+  _td_add_example_test_impl("${name}" "${target}" "${ranks}" "${timeout}")
+endfunction()
+
+function(td_register_example_tests)
+  cmake_parse_arguments(PARSE_ARGV 0 arg "" "TARGET;SOURCE" "")
+  file(READ "${arg_SOURCE}" text)
+  string(REPLACE "\r\n" "\n" text "${text}")
+  set(ranks "")
+  set(_td_expect_count 0)
+  # Walk the lines with string operations only: list splitting would mangle brackets and ';'.
+  while(NOT text STREQUAL "")
+    string(FIND "${text}" "\n" eol)
+    if(eol EQUAL -1)
+      set(line "${text}")
+      set(text "")
+    else()
+      string(SUBSTRING "${text}" 0 ${eol} line)
+      math(EXPR next "${eol} + 1")
+      string(SUBSTRING "${text}" ${next} -1 text)
+    endif()
+    if(line MATCHES "^// RANKS:(.*)$")
+      string(STRIP "${CMAKE_MATCH_1}" r)
+      separate_arguments(r UNIX_COMMAND "${r}")
+      list(APPEND ranks ${r})
+    elseif(line MATCHES "^// EXPECT:")
+      string(LENGTH "// EXPECT:" prefix_len)
+      string(SUBSTRING "${line}" ${prefix_len} -1 expected)
+      if(expected MATCHES "^ ")  # the one space after the colon is not part of the line
+        string(SUBSTRING "${expected}" 1 -1 expected)
+      endif()
+      set(_td_expect_${_td_expect_count} "${expected}")
+      math(EXPR _td_expect_count "${_td_expect_count} + 1")
+    endif()
+  endwhile()
+  foreach(n IN LISTS ranks)
+    _td_add_example_test_impl("${arg_TARGET}" "${arg_TARGET}" "${n}" "${TD_TEST_TIMEOUT}")
+  endforeach()
+endfunction()
