@@ -210,11 +210,15 @@ Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>> Te
 
 }  // namespace td
 
-/// fmt::format("{}", tensor) prints like torch.
+// fmt::format("{}", tensor) prints like torch. (Hidden from Doxygen, which cannot scope a
+// specialisation of another library's template.)
+/// @cond
 template <>
 struct fmt::formatter<td::Tensor> : fmt::formatter<std::string> {
+  /// Formats the tensor as td::to_string() does.
   template <class FormatContext>
   auto format(const td::Tensor& t, FormatContext& ctx) const {
     return fmt::formatter<std::string>::format(td::to_string(t), ctx);
   }
 };
+/// @endcond

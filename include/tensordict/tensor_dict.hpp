@@ -27,9 +27,13 @@ class TD_API TensorDict {
   /// An empty dict whose leaves must all start with `batch_size`.
   explicit TensorDict(Shape batch_size = {});
   ~TensorDict();
+  /// A copy of the structure sharing the leaves' storage (like copying each Tensor).
   TensorDict(const TensorDict& other);
+  /// Replaces this dict with a structure copy of `other` sharing its leaves' storage.
   TensorDict& operator=(const TensorDict& other);
+  /// Takes over other's contents; `other` is left empty and throws td::Error when used.
   TensorDict(TensorDict&& other) noexcept;
+  /// Takes over other's contents; `other` is left empty and throws td::Error when used.
   TensorDict& operator=(TensorDict&& other) noexcept;
 
   /// Stores `value` at `key`, creating intermediate dicts; throws if its shape does not start

@@ -11,3 +11,6 @@
 #include "tensordict/tensor_dict.hpp"
 #include "tensordict/version.hpp"
 #include "tensordict/work.hpp"
+
+/// tensordict-mpi: nested dicts of tensors and their MPI collectives.
+namespace td {}

@@ -22,11 +22,14 @@ class TD_API Work {
   Work();
   /// Internal: wraps a pending state.
   explicit Work(std::shared_ptr<detail::WorkState> state);
+  /// Waits for a pending operation (errors are printed, not thrown).
   ~Work();
+  /// Takes over other's operation; `other` becomes a completed no-op.
   Work(Work&& other) noexcept;
+  /// Waits for the operation this handle held, then takes over other's.
   Work& operator=(Work&& other) noexcept;
-  Work(const Work&) = delete;
-  Work& operator=(const Work&) = delete;
+  Work(const Work&) = delete;             ///< Move-only: one handle per operation.
+  Work& operator=(const Work&) = delete;  ///< Move-only: one handle per operation.
 
   /// Blocks until done (copying bucketed results back into the leaves); rethrows the operation's
   /// error, td::TimeoutError after the operation's timeout. Calling it again returns at once.
