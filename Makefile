@@ -26,7 +26,7 @@ CXX_FILES = $(shell git ls-files --cached --others --exclude-standard -- '*.cpp'
 .DEFAULT_GOAL := build
 # Prerequisites run in order (deps before configure); parallelism lives inside cmake --build.
 .NOTPARALLEL:
-.PHONY: deps configure build test bench docs format format-check lint clean
+.PHONY: deps configure build test bench docs format format-check lint clean fuzz test-asan test-tsan
 
 deps:
 	@missing=""; \
@@ -62,6 +62,30 @@ bench: deps build
 docs: configure
 	mkdir -p $(BUILD_DIR)/docs
 	$(DOXYGEN) Doxyfile
+
+# libFuzzer on the bucket planner (clang); CI runs a short round, FUZZ_SECONDS=600 a longer one.
+FUZZ_SECONDS ?= 20
+fuzz: deps
+	CXX=clang++ CC=clang $(CMAKE) -S . -B $(BUILD_DIR)-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTD_BUILD_FUZZ=ON \
+	  -DTD_BUILD_TESTS=OFF -DTD_BUILD_BENCHMARKS=OFF -DTD_BUILD_EXAMPLES=OFF
+	$(CMAKE) --build $(BUILD_DIR)-fuzz -j$(JOBS) --target fuzz_bucket_plan
+	mkdir -p $(BUILD_DIR)-fuzz/corpus
+	ASAN_OPTIONS=detect_leaks=0 $(BUILD_DIR)-fuzz/bin/fuzz_bucket_plan -max_total_time=$(FUZZ_SECONDS) \
+	  -print_final_stats=1 $(BUILD_DIR)-fuzz/corpus
+
+# The suite under AddressSanitizer + UndefinedBehaviorSanitizer, and under ThreadSanitizer
+# (which matters for the progress thread). Separate build trees; fault and install tests skipped.
+test-asan: deps
+	$(CMAKE) -S . -B $(BUILD_DIR)-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTD_SANITIZE='address;undefined' \
+	  -DTD_BUILD_BENCHMARKS=OFF -DTD_WARNINGS_AS_ERRORS=$(WERROR)
+	$(CMAKE) --build $(BUILD_DIR)-asan -j$(JOBS)
+	cd $(BUILD_DIR)-asan && $(CTEST) --output-on-failure -j2 --timeout 600 -L 'serial|mpi' -LE fault
+
+test-tsan: deps
+	$(CMAKE) -S . -B $(BUILD_DIR)-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTD_SANITIZE=thread \
+	  -DTD_BUILD_BENCHMARKS=OFF -DTD_BUILD_EXAMPLES=OFF -DTD_WARNINGS_AS_ERRORS=$(WERROR)
+	$(CMAKE) --build $(BUILD_DIR)-tsan -j$(JOBS)
+	cd $(BUILD_DIR)-tsan && $(CTEST) --output-on-failure -j2 --timeout 600 -L 'serial|mpi' -LE fault
 
 format:
 	$(if $(CXX_FILES),$(CLANG_FORMAT) -i $(CXX_FILES),@echo "format: no C++ files")

@@ -38,13 +38,14 @@ set(_TD_MPI_TEST_ENV
   "OMPI_MCA_mpi_yield_when_idle=1")
 if("address" IN_LIST TD_SANITIZE)
   # Open MPI's own allocations are reported as leaks; we only want our errors.
-  list(APPEND _TD_TEST_ENV "ASAN_OPTIONS=detect_leaks=0:abort_on_error=0")
+  list(APPEND _TD_TEST_ENV "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0"
+    "LSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/test/sanitizers/lsan.supp:print_suppressions=0")
 endif()
 if("undefined" IN_LIST TD_SANITIZE)
   list(APPEND _TD_TEST_ENV "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
 endif()
 if("thread" IN_LIST TD_SANITIZE)
-  list(APPEND _TD_TEST_ENV "TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1")
+  list(APPEND _TD_TEST_ENV "TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=${PROJECT_SOURCE_DIR}/test/sanitizers/tsan.supp")
 endif()
 list(PREPEND _TD_MPI_TEST_ENV ${_TD_TEST_ENV})
 

@@ -74,7 +74,11 @@ class ProgressEngine {
         });
       }
       batch.clear();  // never keep a Work's state alive from here
-      std::this_thread::sleep_for(interval);
+      if (interval.count() == 0) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(interval);
+      }
     }
   }
 

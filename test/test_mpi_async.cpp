@@ -1,0 +1,95 @@
+// Async misuse has defined behaviour: dropped Works, double waits, dicts destroyed while their
+// Works are pending, many operations in flight, move-assignment over a pending Work.
+#include <catch2/catch.hpp>
+
+#include <tensordict/tensordict.hpp>
+
+#include "reference.hpp"
+
+using td::ReduceOp;
+using td::Tensor;
+using td::TensorDict;
+using namespace tdtest;
+
+namespace {
+const td::CollectiveOptions kAsync{.async_op = true};
+}
+
+TEST_CASE("dropping a pending Work waits for it", "[async]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  Tensor t = make_input<float>(ReduceOp::SUM, rank, {4096});
+  { td::Work dropped = td::all_reduce(t, ReduceOp::SUM, kAsync); }
+  CHECK(holds_expected<float>(t, ReduceOp::SUM, size));
+}
+
+TEST_CASE("waiting twice, polling, and wait after completion", "[async]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  Tensor t = make_input<std::int32_t>(ReduceOp::MAX, rank, {100});
+  td::Work w = td::all_reduce(t, ReduceOp::MAX, kAsync);
+  while (!w.is_completed()) {
+  }
+  CHECK(w.is_completed());
+  w.wait();
+  w.wait();
+  CHECK(holds_expected<std::int32_t>(t, ReduceOp::MAX, size));
+  td::Work empty;
+  CHECK(empty.is_completed());
+  empty.wait();
+}
+
+TEST_CASE("move-assigning over a pending Work waits for the old one", "[async]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  Tensor a = make_input<double>(ReduceOp::SUM, rank, {300});
+  Tensor b = make_input<double>(ReduceOp::SUM, rank, {300});
+  td::Work w = td::all_reduce(a, ReduceOp::SUM, kAsync);
+  w = td::all_reduce(b, ReduceOp::SUM, kAsync);
+  CHECK(holds_expected<double>(a, ReduceOp::SUM, size));  // finished by the assignment
+  w.wait();
+  CHECK(holds_expected<double>(b, ReduceOp::SUM, size));
+}
+
+TEST_CASE("destroying the dict while its Works are pending", "[async]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  std::vector<td::Work> works;
+  Tensor kept;
+  {
+    TensorDict d;
+    for (int i = 0; i < 40; ++i) d.set({"g", fmt::format("p{}", i)}, make_input<float>(ReduceOp::AVG, rank, {64}));
+    kept = d.get({"g", "p3"});
+    works = d.all_reduce(ReduceOp::AVG, {.async_op = true, .bucket_bytes = 1024});
+  }  // the dict is gone; the Works own the leaves and buffers
+  td::wait_all(works);
+  CHECK(holds_expected<float>(kept, ReduceOp::AVG, size));
+}
+
+TEST_CASE("many async calls in flight, waited in reverse order", "[async]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  std::vector<Tensor> ts;
+  std::vector<td::Work> works;
+  for (int i = 0; i < 200; ++i) {
+    ts.push_back(make_input<std::int64_t>(ReduceOp::SUM, rank, {1 + i % 50}));
+    works.push_back(td::all_reduce(ts.back(), ReduceOp::SUM, kAsync));
+  }
+  for (auto it = works.rbegin(); it != works.rend(); ++it) it->wait();
+  for (const auto& t : ts) CHECK(holds_expected<std::int64_t>(t, ReduceOp::SUM, size));
+
+  // dict-level async calls interleaved with sync ones on the same group
+  TensorDict d;
+  for (int i = 0; i < 30; ++i) d.set(fmt::format("p{}", i), make_input<float>(ReduceOp::SUM, rank, {33}));
+  TensorDict e = d.clone();
+  auto w1 = d.all_reduce(ReduceOp::SUM, {.async_op = true, .bucket_bytes = 512});
+  e.all_reduce(ReduceOp::SUM, {.bucket_bytes = 256});
+  td::wait_all(w1);
+  for (const auto& [k, t] : d.items()) CHECK(holds_expected<float>(t, ReduceOp::SUM, size));
+  for (const auto& [k, t] : e.items()) CHECK(holds_expected<float>(t, ReduceOp::SUM, size));
+}
+
+TEST_CASE("async with the progress thread off still completes in wait()", "[async]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  td::set_async_progress(false);
+  Tensor t = make_input<float>(ReduceOp::SUM, rank, {1 << 16});
+  td::Work w = td::all_reduce(t, ReduceOp::SUM, kAsync);
+  w.wait();
+  td::set_async_progress(true);
+  CHECK(holds_expected<float>(t, ReduceOp::SUM, size));
+}
