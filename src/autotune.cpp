@@ -147,7 +147,10 @@ std::size_t tuned_bucket_bytes(GroupState& g, Clock::time_point) {
       if (g.rank == 0 && use_cache) {
         std::error_code ec;
         std::filesystem::create_directories(dir, ec);
-        std::ofstream(dir / key) << pick << "\n";
+        std::ofstream out(dir / key);
+        out << pick << "\n";
+        if (!out)
+          log_warn([&] { return fmt::format("could not write the bucket-size cache {}", (dir / key).string()); });
       }
     }
   }

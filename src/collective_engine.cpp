@@ -154,10 +154,13 @@ Analysis analyse(std::span<const LeafRef> leaves, const CollectiveCall& call) {
     l.shape = t.shape();
     l.sparse = t.is_sparse();
     l.contiguous = !l.sparse && t.is_contiguous();
-    if (call.kind != CollectiveKind::Broadcast && !supports(call.op, l.dtype))
+    if (reduces(call.kind) && !supports(call.op, l.dtype))
       note_error(a.arg_error, fmt::format("op {} is not defined for dtype {} (key '{}')",
                                           name(call.op), name(l.dtype), leaves[i].key->str()));
-    if (l.sparse && call.kind != CollectiveKind::Broadcast && call.op != ReduceOp::SUM &&
+    if (l.sparse && !sparse_supported(call.kind))
+      note_error(a.arg_error, fmt::format("key '{}' is a sparse tensor, which {} does not support; to_dense() it first",
+                                          leaves[i].key->str(), call.name));
+    if (l.sparse && reduces(call.kind) && call.op != ReduceOp::SUM &&
         call.op != ReduceOp::AVG)
       note_error(
           a.arg_error,
@@ -184,9 +187,8 @@ Analysis analyse(std::span<const LeafRef> leaves, const CollectiveCall& call) {
 std::string call_header(const CollectiveCall& call, std::optional<std::size_t> cap,
                         int group_size) {
   std::string h = fmt::format("{}(", call.name);
-  if (call.kind != CollectiveKind::Broadcast) h += fmt::format("op={}, ", name(call.op));
-  if (call.kind == CollectiveKind::Reduce) h += fmt::format("dst={}, ", call.root);
-  if (call.kind == CollectiveKind::Broadcast) h += fmt::format("src={}, ", call.root);
+  if (reduces(call.kind)) h += fmt::format("op={}, ", name(call.op));
+  if (has_root(call.kind)) h += fmt::format("{}={}, ", root_name(call.kind), call.root);
   h += fmt::format("bucket_bytes={}) in a group of {}", cap_str(cap), group_size);
   return h;
 }
@@ -387,8 +389,9 @@ Roles roles_of(const CollectiveCall& call, int rank) {
       return {true, rank == call.root};
     case CollectiveKind::Broadcast:
       return {rank == call.root, rank != call.root};
+    default:
+      throw std::logic_error("roles_of: not an in-place collective");
   }
-  return {true, true};
 }
 
 // Calls f(byte offset, element count) for each message of a bucket.
@@ -434,6 +437,8 @@ void start_or_run(const CollectiveCall& call, int rank, MPI_Comm comm, std::byte
         TD_MPI_CHECK(MPI_Bcast(p, count, type, call.root, comm));
       }
       break;
+    default:
+      throw std::logic_error("start_or_run: not an in-place collective");
   }
 }
 
@@ -463,13 +468,26 @@ void run_sync(const BucketPlan& plan, std::span<const LeafRef> leaves, const Col
     direct[b] = contiguous_in_memory(plan.buckets[b], leaves);
     if (!direct[b]) need = std::max(need, plan.buckets[b].nbytes);
   }
+  // The group keeps one pack buffer between calls; a call takes it out while it runs, so two
+  // threads calling collectives at once never share it (the second allocates its own).
   std::shared_ptr<Storage> scratch;
   if (need > 0) {
-    std::lock_guard lock(g.mu);
-    if (!g.scratch || g.scratch->nbytes < need) g.scratch = std::make_shared<Storage>(need);
-    scratch = g.scratch;
+    {
+      std::lock_guard lock(g.mu);
+      scratch = std::move(g.scratch);
+    }
+    if (!scratch || scratch->nbytes < need) scratch = std::make_shared<Storage>(need);
     note_extra_bytes(need);
   }
+  struct ReturnScratch {
+    GroupState& g;
+    std::shared_ptr<Storage>& s;
+    ~ReturnScratch() {
+      if (!s) return;
+      std::lock_guard lock(g.mu);
+      if (!g.scratch || g.scratch->nbytes < s->nbytes) g.scratch = std::move(s);
+    }
+  } give_back{g, scratch};
   for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
     const auto& bk = plan.buckets[b];
     std::byte* p = direct[b] ? static_cast<std::byte*>(leaves[bk.slots[0].leaf].tensor->raw_data())
@@ -645,8 +663,8 @@ std::shared_ptr<const BucketPlan> plan_for(GroupState& g, const Analysis& a,
 
 }  // namespace
 
-std::vector<Work> run_collective(std::span<const LeafRef> leaves, const CollectiveCall& call,
-                                 const CollectiveOptions& opts) {
+PreparedCollective prepare_collective(std::span<const LeafRef> leaves, const CollectiveCall& call,
+                                      const CollectiveOptions& opts, std::string extra_arg_error) {
   std::shared_ptr<GroupState> g = group_of(opts);
   g->checked_comm(call.name);
   const auto timeout = timeout_of(opts);
@@ -658,17 +676,23 @@ std::vector<Work> run_collective(std::span<const LeafRef> leaves, const Collecti
   std::string arg_error = std::move(a.arg_error);
   if (cap && *cap == 0)
     note_error(arg_error, "bucket_bytes must be positive (or td::kAutoBucketBytes)");
-  if (call.kind != CollectiveKind::AllReduce && (call.root < 0 || call.root >= g->size))
-    note_error(arg_error, fmt::format("{} {} is out of range for a group of {} ranks",
-                                      call.kind == CollectiveKind::Reduce ? "dst" : "src",
-                                      call.root, g->size));
+  if (has_root(call.kind) && (call.root < 0 || call.root >= g->size))
+    note_error(arg_error, fmt::format("{} {} is out of range for a group of {} ranks", root_name(call.kind), call.root,
+                                      g->size));
+  if (!extra_arg_error.empty()) note_error(arg_error, std::move(extra_arg_error));
   if (g->size > 1 && config().check_layout) agree(*g, call, cap, arg_error, leaves, a, deadline);
   if (!arg_error.empty()) throw std::invalid_argument(fmt::format("{}: {}", call.name, arg_error));
 
   if (cap && *cap == kAutoBucketBytes) cap = tuned_bucket_bytes(*g, deadline);
-  const auto plan = plan_for(*g, a, cap);
+  auto plan = plan_for(*g, a, cap);
   log_debug(
       [&] { return fmt::format("{}: {}", call_header(call, cap, g->size), plan->describe()); });
+  return {std::move(g), std::move(plan), deadline};
+}
+
+std::vector<Work> run_collective(std::span<const LeafRef> leaves, const CollectiveCall& call,
+                                 const CollectiveOptions& opts) {
+  auto [g, plan, deadline] = prepare_collective(leaves, call, opts);
   if (opts.async_op) {
     // Sparse leaves finish before the Works are returned: their sizes are only known after a
     // first exchange, so they run eagerly (documented in docs/collectives.md).
@@ -679,6 +703,16 @@ std::vector<Work> run_collective(std::span<const LeafRef> leaves, const Collecti
   run_sync(*plan, leaves, call, *g);
   run_sparse_leaves(*plan, leaves, call, *g);
   return {};
+}
+
+void pack_bucket(const BucketPlan::Bucket& bucket, std::span<const LeafRef> leaves, std::byte* dst) {
+  pack(bucket, leaves, dst);
+}
+void unpack_bucket(const BucketPlan::Bucket& bucket, std::span<const LeafRef> leaves, const std::byte* src) {
+  unpack(bucket, leaves, src);
+}
+bool bucket_is_contiguous_in_memory(const BucketPlan::Bucket& bucket, std::span<const LeafRef> leaves) {
+  return contiguous_in_memory(bucket, leaves);
 }
 
 }  // namespace detail

@@ -11,7 +11,33 @@
 namespace td::detail {
 
 /// Which collective runs.
-enum class CollectiveKind : std::uint8_t { AllReduce, Reduce, Broadcast };
+enum class CollectiveKind : std::uint8_t {
+  AllReduce,
+  Reduce,
+  Broadcast,
+  AllGather,
+  Gather,
+  Scatter,
+  ReduceScatter,
+};
+
+/// Whether the collective combines values with a ReduceOp.
+constexpr bool reduces(CollectiveKind k) {
+  return k == CollectiveKind::AllReduce || k == CollectiveKind::Reduce || k == CollectiveKind::ReduceScatter;
+}
+/// Whether the collective has a root rank (dst or src).
+constexpr bool has_root(CollectiveKind k) {
+  return k == CollectiveKind::Reduce || k == CollectiveKind::Broadcast || k == CollectiveKind::Gather ||
+         k == CollectiveKind::Scatter;
+}
+/// "dst" for collectives that deliver to the root, "src" for those that send from it.
+constexpr const char* root_name(CollectiveKind k) {
+  return k == CollectiveKind::Broadcast || k == CollectiveKind::Scatter ? "src" : "dst";
+}
+/// Whether sparse leaves are supported (the others reject them before moving data).
+constexpr bool sparse_supported(CollectiveKind k) {
+  return k == CollectiveKind::AllReduce || k == CollectiveKind::Reduce || k == CollectiveKind::Broadcast;
+}
 
 /// A collective's arguments that every rank must agree on.
 struct CollectiveCall {
@@ -21,6 +47,26 @@ struct CollectiveCall {
   std::string_view name;   // "all_reduce", "TensorDict.reduce", ... for messages
   bool from_dict = false;  // bucket_bytes applies (and TD_BUCKET_BYTES)
 };
+
+/// What a collective knows once every rank agreed: its group, its bucket plan and its deadline.
+struct PreparedCollective {
+  std::shared_ptr<GroupState> group;
+  std::shared_ptr<const BucketPlan> plan;
+  std::chrono::steady_clock::time_point deadline;
+};
+
+/// Everything a collective does before moving data: group membership, argument and layout
+/// agreement across the group (throws the same error on every rank), the bucket plan (cached).
+/// `extra_arg_error`, if not empty, is a bad argument found by the caller on this rank.
+PreparedCollective prepare_collective(std::span<const LeafRef> leaves, const CollectiveCall& call,
+                                      const CollectiveOptions& opts, std::string extra_arg_error = {});
+
+/// Copies a bucket's leaves into `dst` (bucket.nbytes bytes), strided leaves included.
+void pack_bucket(const BucketPlan::Bucket& bucket, std::span<const LeafRef> leaves, std::byte* dst);
+/// Copies `src` back into the bucket's leaves.
+void unpack_bucket(const BucketPlan::Bucket& bucket, std::span<const LeafRef> leaves, const std::byte* src);
+/// Whether the bucket's leaves lie back to back in one storage (so it needs no pack copy).
+bool bucket_is_contiguous_in_memory(const BucketPlan::Bucket& bucket, std::span<const LeafRef> leaves);
 
 /// Runs `call` on `leaves` (canonical order): checks arguments and layout across the group,
 /// plans buckets and moves the data. Returns pending Works when opts.async_op, else none.

@@ -44,7 +44,7 @@ Config read() {
     if (*v == "auto") {
       c.bucket_bytes = kAutoBucketBytes;
     } else if (*v == "none") {
-      c.bucket_bytes_none = true;
+      c.bucket_bytes.reset();  // the default: one collective per leaf
     } else {
       c.bucket_bytes = parse_positive("TD_BUCKET_BYTES", *v);
     }

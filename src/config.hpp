@@ -14,7 +14,6 @@ enum class LogLevel { Off, Warn, Info, Debug };
 struct Config {
   std::optional<std::chrono::milliseconds> timeout;  // TD_TIMEOUT_MS
   std::optional<std::size_t> bucket_bytes;           // TD_BUCKET_BYTES ("auto", "none" or bytes)
-  bool bucket_bytes_none = false;                    // TD_BUCKET_BYTES=none
   bool check_layout = true;                          // TD_CHECK_LAYOUT (1/0)
   LogLevel log_level = LogLevel::Off;                // TD_LOG_LEVEL (off, warn, info, debug)
   bool progress_thread = true;                       // TD_PROGRESS_THREAD (1/0)

@@ -16,6 +16,12 @@ void log_debug(F&& make) {
   if (config().log_level >= LogLevel::Debug) log_line(LogLevel::Debug, make());
 }
 
+/// Logs at warn level.
+template <class F>
+void log_warn(F&& make) {
+  if (config().log_level >= LogLevel::Warn) log_line(LogLevel::Warn, make());
+}
+
 /// Logs at info level.
 template <class F>
 void log_info(F&& make) {

@@ -5,9 +5,11 @@
 // variable when nothing is pending.
 #include <atomic>
 #include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include "config.hpp"
+#include "log.hpp"
 #include "runtime.hpp"
 
 namespace td::detail {
@@ -116,7 +118,17 @@ bool async_progress_enabled() {
   int provided = MPI_THREAD_SINGLE, initialized = 0;
   MPI_Initialized(&initialized);
   if (initialized) MPI_Query_thread(&provided);
-  return provided == MPI_THREAD_MULTIPLE;
+  if (provided != MPI_THREAD_MULTIPLE) {
+    static std::once_flag warned;
+    std::call_once(warned, [] {
+      detail::log_warn([] {
+        return std::string("MPI was initialised without MPI_THREAD_MULTIPLE: no progress thread; async "
+                           "collectives advance only inside wait() and is_completed()");
+      });
+    });
+    return false;
+  }
+  return true;
 }
 
 }  // namespace td

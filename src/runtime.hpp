@@ -92,6 +92,8 @@ class WorkState {
   void wait();
   /// Whether the operation can no longer touch its buffers.
   bool settled();
+  /// Whether a wait() gave up on it (its buffers are leaked; nothing more to wait for).
+  bool timed_out();
 
   ~WorkState();
 

@@ -44,6 +44,11 @@ bool WorkState::settled() {
   return status_ != Status::Pending;
 }
 
+bool WorkState::timed_out() {
+  std::lock_guard lock(mu_);
+  return timed_out_;
+}
+
 bool WorkState::complete_locked() {
   try {
     if (finish) finish();
@@ -119,7 +124,8 @@ Work& Work::operator=(Work&& other) noexcept {
 }
 
 Work::~Work() {
-  if (!state_ || state_->settled()) return;
+  // A timed-out operation was already reported by wait(); its buffers are leaked on purpose.
+  if (!state_ || state_->settled() || state_->timed_out()) return;
   try {
     state_->wait();
   } catch (const std::exception& e) {
