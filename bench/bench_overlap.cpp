@@ -1,0 +1,146 @@
+// How much of an async bucketed all_reduce hides behind computation.
+//
+// Per round, side by side: the communication alone (async all_reduce of the transformer
+// workload, then wait), a computation alone calibrated to take as long, and the two overlapped
+// (start the all_reduce, compute, wait) with the progress thread on and off. Hidden fraction =
+// (comm + compute - overlapped) / comm, from medians of the max over ranks.
+//
+// Two kinds of "compute": `cpu` keeps this rank's core busy (a CPU-bound model step), `wait`
+// leaves it idle for the same time (an accelerator computing while the host waits). Shared-memory
+// MPI moves data with the CPU, so with every core busy there is nothing to hide the copies
+// behind; the `wait` rows show what the progress thread achieves when a core is free.
+#include <thread>
+
+#include <CLI/CLI.hpp>
+
+#include "bench_common.hpp"
+
+namespace {
+
+// CPU-bound work on a cache-resident array, so it competes with the transfer for cores but not
+// for memory bandwidth.
+float g_sink = 0;
+void compute(std::int64_t iters) {
+  std::array<float, 1024> x{};
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i) * 1e-3f;
+  for (std::int64_t k = 0; k < iters; ++k)
+    for (auto& v : x) v = v * 0.999f + 0.001f;
+  g_sink += x[7];
+}
+
+void idle_for(double seconds) {
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+}
+
+double max_over_ranks(double t) {
+  MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return t;
+}
+
+template <class F>
+double timed(F&& f) {
+  td::barrier();
+  const double start = MPI_Wtime();
+  f();
+  return max_over_ranks(MPI_Wtime() - start);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  td::init_process_group(argc, argv);
+  CLI::App app{"bench_overlap: async all_reduce hidden behind compute"};
+  int rounds = 15;
+  std::string workload = "transformer";
+  app.add_option("--rounds", rounds, "timed rounds per variant")->check(CLI::PositiveNumber);
+  app.add_option("--workload", workload, "tiny, small, transformer, large or mixed");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    td::destroy_process_group();
+    return rc;
+  }
+  const int rank = td::get_rank(), size = td::get_world_size();
+  const auto w = td_bench::make_workload(workload, td::DType::Float32);
+  td::TensorDict d = td_bench::build_dict(w, false);
+  const td::CollectiveOptions async{.async_op = true, .bucket_bytes = td::kAutoBucketBytes};
+
+  auto comm = [&] {
+    auto works = d.all_reduce(td::ReduceOp::SUM, async);
+    td::wait_all(works);
+  };
+  comm();  // tunes the bucket size, builds the plan, warms the buffers
+
+  // Calibrate the compute to last as long as the communication alone.
+  std::vector<double> c;
+  for (int i = 0; i < 7; ++i) c.push_back(timed(comm));
+  const double t_comm_est = td_bench::median_of(c);
+  std::int64_t iters = 2000;
+  std::vector<double> probes;
+  for (int i = 0; i < 3; ++i) probes.push_back(timed([&] { compute(iters); }));
+  iters =
+      std::max<std::int64_t>(1, static_cast<std::int64_t>(static_cast<double>(iters) * t_comm_est /
+                                                          td_bench::median_of(probes)));
+  MPI_Bcast(&iters, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+
+  struct Series {
+    std::vector<double> alone, prog, noprog;
+  };
+  std::vector<double> t_comm;
+  Series cpu, wait;
+  auto overlapped = [&](bool progress, const std::function<void()>& work) {
+    td::set_async_progress(progress);
+    return timed([&] {
+      auto works = d.all_reduce(td::ReduceOp::SUM, async);
+      work();
+      td::wait_all(works);
+    });
+  };
+  const std::function<void()> cpu_work = [&] { compute(iters); };
+  const std::function<void()> idle_work = [&] { idle_for(t_comm_est); };
+  for (int r = 0; r < rounds; ++r) {
+    td::set_async_progress(true);
+    t_comm.push_back(timed(comm));
+    cpu.alone.push_back(timed(cpu_work));
+    cpu.prog.push_back(overlapped(true, cpu_work));
+    cpu.noprog.push_back(overlapped(false, cpu_work));
+    wait.alone.push_back(timed(idle_work));
+    wait.prog.push_back(overlapped(true, idle_work));
+    wait.noprog.push_back(overlapped(false, idle_work));
+    if (rank == 0) std::fprintf(stderr, "\r[bench_overlap] round %d/%d", r + 1, rounds);
+  }
+  td::set_async_progress(true);
+  if (rank == 0) {
+    std::fprintf(stderr, "\n");
+    const auto m = td_bench::machine_info();
+    const double comm_ms = td_bench::median_of(t_comm) * 1e3;
+    fmt::print("# bench_overlap: {} ({} leaves), async all_reduce SUM, bucket_bytes=auto\n", w.name,
+               w.leaves.size());
+    fmt::print(
+        "# machine: {}, {} CPUs, {}\n# MPI: {}\n# ranks: {}; rounds: {}; medians of the max over "
+        "ranks\n",
+        m.host, m.online_cpus, m.cpu, m.mpi_version, size, rounds);
+    fmt::print("{:<44} {:>10} {:>10}\n", "variant", "median ms", "hidden");
+    fmt::print("{:<44} {:>10.2f}\n", "communication alone", comm_ms);
+    auto rows = [&](const char* kind, const Series& s) {
+      const double alone = td_bench::median_of(s.alone) * 1e3;
+      auto hidden = [&](const std::vector<double>& both) {
+        return std::clamp((comm_ms + alone - td_bench::median_of(both) * 1e3) / comm_ms, 0.0, 1.0) *
+               100.0;
+      };
+      fmt::print("{:<44} {:>10.2f}\n", fmt::format("{} alone", kind), alone);
+      fmt::print("{:<44} {:>10.2f} {:>9.1f}%\n",
+                 fmt::format("{} + all_reduce, progress thread on", kind),
+                 td_bench::median_of(s.prog) * 1e3, hidden(s.prog));
+      fmt::print("{:<44} {:>10.2f} {:>9.1f}%\n",
+                 fmt::format("{} + all_reduce, progress thread off", kind),
+                 td_bench::median_of(s.noprog) * 1e3, hidden(s.noprog));
+    };
+    rows("cpu compute", cpu);
+    rows("idle wait", wait);
+  }
+  td::set_async_progress(true);
+  td::destroy_process_group();
+  return static_cast<int>(g_sink < -1);
+}
