@@ -1,18 +1,22 @@
 // kAutoBucketBytes: the bucket size measured on this communicator, not guessed.
 //
-// Model. One blocking MPI_Allreduce of n bytes costs T(n) ~ alpha + n / beta while n is small
-// enough; past some size the implementation switches algorithm or runs out of cache and T(n)
-// jumps (here: 32 MiB costs ~4x 16 MiB). A bucketed all_reduce of S bytes with buckets of B bytes
-// costs about ceil(S/B) * T(B) plus the pack copies, so the best B is the size whose
-// per-byte cost T(B)/B is lowest. We time a ladder of sizes (the MAX over ranks, the fastest of a
-// few repetitions, so every rank sees the same numbers and picks the same B), fit alpha and beta on
-// the sizes before the cliff for the log, and pick the smallest size within 5% of the best
-// per-byte cost (smaller buckets mean less pack memory and earlier async completion).
+// Model. A bucket of B bytes costs one pack copy, one blocking MPI_Allreduce and one unpack copy:
+// T(B) ~ alpha + B / beta + 2 B / copy_bw while B is small enough; past some size the MPI library
+// switches algorithm or falls out of cache and T(B) jumps (here a 32 MiB allreduce costs ~4x a
+// 16 MiB one, and a pack buffer that no longer fits in L2 makes both copies slower). A dict of S
+// bytes in buckets of B costs about (S/B) T(B), so the best cap is the size whose per-byte cost
+// T(B)/B is lowest. We time that exact cycle on a ladder of sizes (the MAX over ranks, the
+// fastest of a few repetitions, so every rank sees the same numbers and picks the same B) and
+// pick the smallest size within 5% of the best per-byte cost (smaller buckets mean less pack
+// memory and earlier async completion).
+//
+// Leaves large enough that copying them costs more than a message of their own are not packed
+// at all: a leaf of n bytes goes alone when 2 n / copy_bw > alpha, i.e. n >= alpha * copy_bw / 2,
+// with alpha the time of an 8-byte allreduce and copy_bw a measured memcpy bandwidth.
 //
 // The result is cached per group in memory and on disk per (hosts, rank count, MPI library) in
 // $TD_CACHE_DIR or $XDG_CACHE_HOME/tensordict-mpi or ~/.cache/tensordict-mpi; rank 0 reads the
 // file and broadcasts, so ranks agree even if their caches differ.
-#include <unistd.h>
 #include <algorithm>
 #include <array>
 #include <cstdlib>
@@ -60,102 +64,108 @@ std::string cache_key(GroupState& g) {
   MPI_Get_library_version(lib, &len);
   std::uint64_t h = std::hash<std::string>{}(std::string(lib, static_cast<std::size_t>(len)));
   for (auto v : all) h = h * 1099511628211ull ^ v;
-  return fmt::format("bucket-{}ranks-{:016x}", g.size, h);
+  return fmt::format("buckets-v2-{}ranks-{:016x}", g.size, h);
 }
 
-std::optional<std::size_t> read_cache(const std::filesystem::path& file) {
+std::optional<TunedBuckets> read_cache(const std::filesystem::path& file) {
   std::ifstream in(file);
-  std::size_t v = 0;
-  if (in >> v && v > 0) return v;
+  TunedBuckets t;
+  if (in >> t.cap >> t.direct_bytes && t.cap > 0 && t.direct_bytes > 0) return t;
   return std::nullopt;
 }
 
-// Fastest over reps of the MAX-over-ranks time of one MPI_Allreduce of n bytes: the minimum is
-// what the machine can do, the median would also measure whatever else ran meanwhile.
-double time_allreduce(GroupState& g, std::byte* buf, std::size_t n, int reps) {
-  std::vector<double> t;
-  const int count = static_cast<int>(n / sizeof(float));
+// Fastest over reps of the MAX-over-ranks time of `op`: the minimum is what the machine can do,
+// the median would also measure whatever else ran meanwhile.
+template <class Op>
+double fastest(GroupState& g, int reps, Op&& op) {
+  double best = 1e30;
   for (int r = 0; r < reps + 1; ++r) {
     TD_MPI_CHECK(MPI_Barrier(g.comm));
     const double start = MPI_Wtime();
-    TD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, g.comm));
+    op();
     double dt = MPI_Wtime() - start;
     TD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, g.comm));
-    if (r > 0) t.push_back(dt);  // the first call warms up buffers and connections
+    if (r > 0) best = std::min(best, dt);  // the first run warms up buffers and connections
   }
-  return *std::min_element(t.begin(), t.end());
+  return best;
 }
 
-std::size_t measure(GroupState& g) {
-  auto buf = std::make_unique<Storage>(kLadder.back());
-  std::memset(buf->data, 0, buf->nbytes);  // zeros: sums stay finite and pages are touched
-  std::vector<double> per_byte;
-  std::vector<double> times;
+TunedBuckets measure(GroupState& g) {
+  const std::size_t top = kLadder.back();
+  auto leaves = std::make_unique<Storage>(top);  // stands for the leaves' memory
+  auto pack = std::make_unique<Storage>(top);    // the pack buffer
+  std::memset(leaves->data, 0, top);             // zeros: sums stay finite; pages are touched
+  std::memset(pack->data, 0, top);
+  std::vector<double> times, per_byte;
   for (std::size_t n : kLadder) {
-    const int reps = n >= (std::size_t{8} << 20) ? 3 : 5;
-    const double t = time_allreduce(g, buf->data, n, reps);
+    const int count = static_cast<int>(n / sizeof(float));
+    const double t = fastest(g, n >= (std::size_t{8} << 20) ? 3 : 5, [&] {
+      std::memcpy(pack->data, leaves->data, n);
+      TD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, pack->data, count, MPI_FLOAT, MPI_SUM, g.comm));
+      std::memcpy(leaves->data, pack->data, n);
+    });
     times.push_back(t);
     per_byte.push_back(t / static_cast<double>(n));
   }
   const double best = *std::min_element(per_byte.begin(), per_byte.end());
-  std::size_t pick = kLadder.back();
+  TunedBuckets out{kLadder.back(), kLadder.back()};
   for (std::size_t i = 0; i < kLadder.size(); ++i)
     if (per_byte[i] <= best * 1.05) {
-      pick = kLadder[i];
+      out.cap = kLadder[i];
       break;
     }
-  // alpha/beta by least squares over the sizes up to the pick (for the log only)
-  double sx = 0, sy = 0, sxx = 0, sxy = 0, m = 0;
-  for (std::size_t i = 0; i < kLadder.size() && kLadder[i] <= pick; ++i, ++m) {
-    const auto x = static_cast<double>(kLadder[i]);
-    sx += x;
-    sy += times[i];
-    sxx += x * x;
-    sxy += x * times[i];
-  }
-  const double slope = m > 1 ? (m * sxy - sx * sy) / (m * sxx - sx * sx) : 0;
-  const double alpha = m > 0 ? (sy - slope * sx) / m : 0;
+  double word = 0;
+  const double alpha = fastest(g, 20, [&] {
+    TD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &word, 1, MPI_DOUBLE, MPI_SUM, g.comm));
+  });
+  const std::size_t probe = std::size_t{1} << 20;
+  const double copy = fastest(g, 5, [&] { std::memcpy(pack->data, leaves->data, probe); });
+  const double copy_bw = static_cast<double>(probe) / std::max(copy, 1e-9);
+  const auto direct = static_cast<std::size_t>(alpha * copy_bw / 2);
+  out.direct_bytes = std::clamp<std::size_t>(direct, std::size_t{4} << 10, out.cap);
   log_info([&] {
     std::string ladder;
     for (std::size_t i = 0; i < kLadder.size(); ++i)
       ladder += fmt::format(" {}KiB:{:.3f}ms", kLadder[i] >> 10, times[i] * 1e3);
-    return fmt::format("auto bucket size: {} KiB (alpha {:.1f} us, beta {:.2f} GB/s; ladder{})",
-                       pick >> 10, alpha * 1e6, slope > 0 ? 1e-9 / slope : 0.0, ladder);
+    return fmt::format("auto buckets: cap {} KiB, leaves of {} KiB or more sent alone (alpha {:.1f} us, "
+                       "memcpy {:.1f} GB/s; pack+allreduce+unpack ladder{})",
+                       out.cap >> 10, out.direct_bytes >> 10, alpha * 1e6, copy_bw * 1e-9, ladder);
   });
-  return pick;
+  return out;
 }
 
 }  // namespace
 
-std::size_t tuned_bucket_bytes(GroupState& g, Clock::time_point) {
+TunedBuckets tuned_buckets(GroupState& g, Clock::time_point) {
   {
     std::lock_guard lock(g.mu);
-    if (g.tuned_bucket_bytes) return *g.tuned_bucket_bytes;
+    if (g.tuned) return *g.tuned;
   }
-  std::size_t pick = kFallback;
+  TunedBuckets pick{kFallback, std::size_t{64} << 10};
   if (g.size > 1) {
     const std::filesystem::path dir = cache_dir();
     const std::string key = cache_key(g);
     const bool use_cache = !dir.empty() && config().autotune_cache;
-    std::uint64_t cached = 0;
-    if (g.rank == 0 && use_cache) cached = read_cache(dir / key).value_or(0);
-    TD_MPI_CHECK(MPI_Bcast(&cached, 1, MPI_UINT64_T, 0, g.comm));
-    if (cached > 0) {
-      pick = cached;
+    std::array<std::uint64_t, 2> cached{0, 0};
+    if (g.rank == 0 && use_cache)
+      if (auto c = read_cache(dir / key)) cached = {c->cap, c->direct_bytes};
+    TD_MPI_CHECK(MPI_Bcast(cached.data(), 2, MPI_UINT64_T, 0, g.comm));
+    if (cached[0] > 0) {
+      pick = {cached[0], cached[1]};
     } else {
       pick = measure(g);
       if (g.rank == 0 && use_cache) {
         std::error_code ec;
         std::filesystem::create_directories(dir, ec);
         std::ofstream out(dir / key);
-        out << pick << "\n";
+        out << pick.cap << " " << pick.direct_bytes << "\n";
         if (!out)
           log_warn([&] { return fmt::format("could not write the bucket-size cache {}", (dir / key).string()); });
       }
     }
   }
   std::lock_guard lock(g.mu);
-  g.tuned_bucket_bytes = pick;
+  g.tuned = pick;
   return pick;
 }
 

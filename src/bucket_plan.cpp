@@ -17,14 +17,15 @@ std::size_t LeafLayout::nbytes() const {
 }
 
 BucketPlan BucketPlan::build(const std::vector<LeafLayout>& leaves, std::optional<std::size_t> cap,
-                             std::size_t max_message_bytes) {
+                             std::size_t max_message_bytes, std::size_t direct_bytes) {
   if (cap && *cap == 0) throw std::invalid_argument("bucket_bytes must be positive");
   BucketPlan plan;
   plan.cap = cap;
   constexpr std::size_t kMinMessage = std::size_t{1} << 20;
+  constexpr std::size_t kUncappedMessage = std::size_t{4} << 20;
   plan.max_message_bytes = max_message_bytes != 0 ? max_message_bytes
                            : cap                  ? std::max(*cap, kMinMessage)
-                                                  : std::numeric_limits<std::size_t>::max();
+                                                  : kUncappedMessage;
   std::map<DType, std::size_t> open;  // dtype -> index of the bucket still accepting leaves
   for (std::size_t i = 0; i < leaves.size(); ++i) {
     const LeafLayout& leaf = leaves[i];
@@ -38,7 +39,7 @@ BucketPlan BucketPlan::build(const std::vector<LeafLayout>& leaves, std::optiona
       continue;
     }
     Bucket single{leaf.dtype, n, {Slot{i, 0, n}}, !leaf.contiguous};
-    if (!leaf.contiguous || !cap || n > *cap) {
+    if (!leaf.contiguous || !cap || n > *cap || (direct_bytes > 0 && n >= direct_bytes)) {
       plan.buckets.push_back(std::move(single));
       continue;
     }

@@ -41,13 +41,20 @@ std::string cap_str(std::optional<std::size_t> cap) {
   return std::to_string(*cap);
 }
 
+}  // namespace
+
 // ---- local analysis of the leaves --------------------------------------------------------
 
 struct Analysis {
+  std::uint32_t dtype_mask = 0;  // bit d set when some leaf has dtype d
+  bool any_sparse = false;
   std::vector<LeafLayout> layout;
   std::string arg_error;          // first bad argument found on this rank ("" if none)
   std::uint64_t layout_hash = 0;  // keys + layouts: the plan cache key
 };
+
+namespace {
+
 
 void note_error(std::string& err, std::string msg) {
   if (err.empty()) err = std::move(msg);
@@ -138,7 +145,8 @@ void find_aliases(std::span<const LeafRef> leaves, Analysis& a) {
   }
 }
 
-Analysis analyse(std::span<const LeafRef> leaves, const CollectiveCall& call) {
+// The op-independent part: layouts, aliasing, undefined leaves, the layout hash.
+Analysis analyse_layout(std::span<const LeafRef> leaves) {
   Analysis a;
   a.layout.resize(leaves.size());
   std::uint64_t h = 0x51ed270b27ull;
@@ -146,40 +154,105 @@ Analysis analyse(std::span<const LeafRef> leaves, const CollectiveCall& call) {
     const Tensor& t = *leaves[i].tensor;
     LeafLayout& l = a.layout[i];
     if (!t.defined()) {
-      note_error(a.arg_error,
-                 fmt::format("key '{}' holds an undefined tensor", leaves[i].key->str()));
+      note_error(a.arg_error, fmt::format("key '{}' holds an undefined tensor", leaves[i].key->str()));
       continue;
     }
     l.dtype = t.dtype();
     l.shape = t.shape();
     l.sparse = t.is_sparse();
     l.contiguous = !l.sparse && t.is_contiguous();
-    if (reduces(call.kind) && !supports(call.op, l.dtype))
-      note_error(a.arg_error, fmt::format("op {} is not defined for dtype {} (key '{}')",
-                                          name(call.op), name(l.dtype), leaves[i].key->str()));
-    if (l.sparse && !sparse_supported(call.kind))
-      note_error(a.arg_error, fmt::format("key '{}' is a sparse tensor, which {} does not support; to_dense() it first",
-                                          leaves[i].key->str(), call.name));
-    if (l.sparse && reduces(call.kind) && call.op != ReduceOp::SUM &&
-        call.op != ReduceOp::AVG)
-      note_error(
-          a.arg_error,
-          fmt::format("op {} has no meaning for the sparse leaf '{}' (its missing entries are "
-                      "zeros); use SUM or AVG, or to_dense() it first",
-                      name(call.op), leaves[i].key->str()));
+    a.dtype_mask |= 1u << static_cast<unsigned>(l.dtype);
+    a.any_sparse = a.any_sparse || l.sparse;
   }
   find_aliases(leaves, a);
   for (std::size_t i = 0; i < leaves.size(); ++i) {
     const LeafLayout& l = a.layout[i];
     h = mix(h, leaves[i].key_hash);
     h = mix(h, static_cast<std::uint64_t>(l.dtype) | (std::uint64_t{l.contiguous} << 8) |
-                   (std::uint64_t{l.sparse} << 9) |
-                   (static_cast<std::uint64_t>(l.alias_of + 1) << 10));
+                   (std::uint64_t{l.sparse} << 9) | (static_cast<std::uint64_t>(l.alias_of + 1) << 10));
     h = mix(h, l.shape.size());
     for (auto s : l.shape) h = mix(h, static_cast<std::uint64_t>(s));
   }
   a.layout_hash = mix(h, leaves.size());
   return a;
+}
+
+// The op-dependent checks. Only when some dtype present does not support the op, or a sparse
+// leaf is present, does it walk the leaves to name the first offending key.
+std::string check_ops(std::span<const LeafRef> leaves, const Analysis& a, const CollectiveCall& call) {
+  bool all_supported = true;
+  if (reduces(call.kind))
+    for (std::size_t d = 0; d < kNumDTypes; ++d)
+      if ((a.dtype_mask >> d & 1u) && !supports(call.op, static_cast<DType>(d))) all_supported = false;
+  if (all_supported && !a.any_sparse) return {};
+  std::string err;
+  for (std::size_t i = 0; i < leaves.size() && err.empty(); ++i) {
+    const LeafLayout& l = a.layout[i];
+    if (!leaves[i].tensor->defined()) continue;
+    if (reduces(call.kind) && !supports(call.op, l.dtype))
+      err = fmt::format("op {} is not defined for dtype {} (key '{}')", name(call.op), name(l.dtype),
+                        leaves[i].key->str());
+    else if (l.sparse && !sparse_supported(call.kind))
+      err = fmt::format("key '{}' is a sparse tensor, which {} does not support; to_dense() it first",
+                        leaves[i].key->str(), call.name);
+    else if (l.sparse && reduces(call.kind) && call.op != ReduceOp::SUM && call.op != ReduceOp::AVG)
+      err = fmt::format("op {} has no meaning for the sparse leaf '{}' (its missing entries are zeros); use SUM or "
+                        "AVG, or to_dense() it first",
+                        name(call.op), leaves[i].key->str());
+  }
+  return err;
+}
+
+}  // namespace
+
+// What a dict remembers of its last collective's analysis: valid while its canonical order is
+// unchanged and every leaf still has the same storage, offset, dtype, shape and strides.
+struct LayoutCache {
+  struct Snapshot {
+    const void* storage;
+    const void* sparse;
+    std::int64_t offset;
+    DType dtype;
+    Shape shape, strides;
+  };
+  std::uint64_t epoch = 0;
+  std::vector<Snapshot> snapshots;
+  Analysis analysis;
+};
+
+std::shared_ptr<LayoutCache> make_layout_cache() { return std::make_shared<LayoutCache>(); }
+
+namespace {
+
+LayoutCache::Snapshot snapshot_of(const Tensor& t) {
+  if (!t.defined()) return {nullptr, nullptr, 0, DType::Float32, {}, {}};
+  if (t.is_sparse()) return {nullptr, &t.values(), 0, t.dtype(), t.shape(), {}};
+  return {TensorAccess::storage(t), nullptr, t.storage_offset(), t.dtype(), t.shape(), t.strides()};
+}
+
+bool matches(const LayoutCache::Snapshot& s, const Tensor& t) {
+  if (!t.defined()) return s.storage == nullptr && s.sparse == nullptr;
+  if (t.is_sparse()) return s.sparse == &t.values() && s.dtype == t.dtype() && s.shape == t.shape();
+  return s.storage == TensorAccess::storage(t) && s.offset == t.storage_offset() && s.dtype == t.dtype() &&
+         s.shape == t.shape() && s.strides == t.strides();
+}
+
+const Analysis& analyse_cached(std::span<const LeafRef> leaves, LayoutCache* cache, Analysis& scratch) {
+  if (!cache) {
+    scratch = analyse_layout(leaves);
+    return scratch;
+  }
+  const std::uint64_t epoch = DictAccess::structure_epoch();
+  bool hit = cache->epoch == epoch && cache->snapshots.size() == leaves.size();
+  for (std::size_t i = 0; hit && i < leaves.size(); ++i) hit = matches(cache->snapshots[i], *leaves[i].tensor);
+  if (!hit) {
+    cache->analysis = analyse_layout(leaves);
+    cache->snapshots.clear();
+    cache->snapshots.reserve(leaves.size());
+    for (const auto& ref : leaves) cache->snapshots.push_back(snapshot_of(*ref.tensor));
+    cache->epoch = epoch;
+  }
+  return cache->analysis;
 }
 
 // ---- agreement across ranks ---------------------------------------------------------------
@@ -597,6 +670,7 @@ std::vector<Work> run_async(const BucketPlan& plan, std::span<const LeafRef> lea
   const Roles roles = roles_of(call, g->rank);
   std::vector<Work> works;
   works.reserve(plan.buckets.size());
+  std::size_t buffered = 0;  // every Work owns its pack buffer until it completes
   for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
     const auto& bk = plan.buckets[b];
     auto st = std::make_shared<WorkState>();
@@ -608,6 +682,7 @@ std::vector<Work> run_async(const BucketPlan& plan, std::span<const LeafRef> lea
       p = static_cast<std::byte*>(st->keep_alive[0].raw_data());
     } else {
       st->buffer = std::make_shared<Storage>(bk.nbytes);
+      buffered += bk.nbytes;
       p = st->buffer->data;
       if (roles.sends) pack(bk, leaves, p);
     }
@@ -640,12 +715,14 @@ std::vector<Work> run_async(const BucketPlan& plan, std::span<const LeafRef> lea
     progress_add(st);
     works.emplace_back(std::move(st));
   }
+  note_extra_bytes(buffered);
   return works;
 }
 
 std::shared_ptr<const BucketPlan> plan_for(GroupState& g, const Analysis& a,
-                                           std::optional<std::size_t> cap) {
-  std::uint64_t key = mix(a.layout_hash, cap ? *cap : 0x7fffffffffffffffull);
+                                           std::optional<std::size_t> cap,
+                                           std::size_t direct_bytes) {
+  std::uint64_t key = mix(mix(a.layout_hash, cap ? *cap : 0x7fffffffffffffffull), direct_bytes);
   std::lock_guard lock(g.mu);
   auto it = g.plans.find(key);
   if (it != g.plans.end()) {
@@ -653,7 +730,7 @@ std::shared_ptr<const BucketPlan> plan_for(GroupState& g, const Analysis& a,
     ++g_stats.plan_hits;
     return it->second;
   }
-  auto plan = std::make_shared<const BucketPlan>(BucketPlan::build(a.layout, cap));
+  auto plan = std::make_shared<const BucketPlan>(BucketPlan::build(a.layout, cap, 0, direct_bytes));
   if (g.plans.size() > 256) g.plans.clear();  // a program cycling through many layouts
   g.plans.emplace(key, plan);
   std::lock_guard s(g_stats_mu);
@@ -664,7 +741,8 @@ std::shared_ptr<const BucketPlan> plan_for(GroupState& g, const Analysis& a,
 }  // namespace
 
 PreparedCollective prepare_collective(std::span<const LeafRef> leaves, const CollectiveCall& call,
-                                      const CollectiveOptions& opts, std::string extra_arg_error) {
+                                      const CollectiveOptions& opts, std::string extra_arg_error,
+                                      LayoutCache* cache) {
   std::shared_ptr<GroupState> g = group_of(opts);
   g->checked_comm(call.name);
   const auto timeout = timeout_of(opts);
@@ -672,8 +750,10 @@ PreparedCollective prepare_collective(std::span<const LeafRef> leaves, const Col
 
   std::optional<std::size_t> cap = call.from_dict ? opts.bucket_bytes : std::nullopt;
   if (call.from_dict && !opts.bucket_bytes && config().bucket_bytes) cap = config().bucket_bytes;
-  Analysis a = analyse(leaves, call);
-  std::string arg_error = std::move(a.arg_error);
+  Analysis scratch;
+  const Analysis& a = analyse_cached(leaves, cache, scratch);
+  std::string arg_error = a.arg_error;
+  note_error(arg_error, check_ops(leaves, a, call));
   if (cap && *cap == 0)
     note_error(arg_error, "bucket_bytes must be positive (or td::kAutoBucketBytes)");
   if (has_root(call.kind) && (call.root < 0 || call.root >= g->size))
@@ -683,16 +763,21 @@ PreparedCollective prepare_collective(std::span<const LeafRef> leaves, const Col
   if (g->size > 1 && config().check_layout) agree(*g, call, cap, arg_error, leaves, a, deadline);
   if (!arg_error.empty()) throw std::invalid_argument(fmt::format("{}: {}", call.name, arg_error));
 
-  if (cap && *cap == kAutoBucketBytes) cap = tuned_bucket_bytes(*g, deadline);
-  auto plan = plan_for(*g, a, cap);
+  std::size_t direct_bytes = 0;
+  if (cap && *cap == kAutoBucketBytes) {
+    const TunedBuckets tuned = tuned_buckets(*g, deadline);
+    cap = tuned.cap;
+    direct_bytes = tuned.direct_bytes;
+  }
+  auto plan = plan_for(*g, a, cap, direct_bytes);
   log_debug(
       [&] { return fmt::format("{}: {}", call_header(call, cap, g->size), plan->describe()); });
   return {std::move(g), std::move(plan), deadline};
 }
 
 std::vector<Work> run_collective(std::span<const LeafRef> leaves, const CollectiveCall& call,
-                                 const CollectiveOptions& opts) {
-  auto [g, plan, deadline] = prepare_collective(leaves, call, opts);
+                                 const CollectiveOptions& opts, LayoutCache* cache) {
+  auto [g, plan, deadline] = prepare_collective(leaves, call, opts, {}, cache);
   if (opts.async_op) {
     // Sparse leaves finish before the Works are returned: their sizes are only known after a
     // first exchange, so they run eagerly (documented in docs/collectives.md).
@@ -757,19 +842,19 @@ Work broadcast(Tensor& t, int src, const CollectiveOptions& opts) {
 
 std::vector<Work> TensorDict::all_reduce(ReduceOp op, const CollectiveOptions& opts) {
   const auto& leaves = detail::DictAccess::canonical(*this);
-  return detail::run_collective(
-      leaves, {detail::CollectiveKind::AllReduce, op, 0, "TensorDict.all_reduce", true}, opts);
+  return detail::run_collective(leaves, {detail::CollectiveKind::AllReduce, op, 0, "TensorDict.all_reduce", true},
+                                opts, &detail::DictAccess::layout_cache(*this));
 }
 std::vector<Work> TensorDict::reduce(int dst, ReduceOp op, const CollectiveOptions& opts) {
   const auto& leaves = detail::DictAccess::canonical(*this);
-  return detail::run_collective(
-      leaves, {detail::CollectiveKind::Reduce, op, dst, "TensorDict.reduce", true}, opts);
+  return detail::run_collective(leaves, {detail::CollectiveKind::Reduce, op, dst, "TensorDict.reduce", true}, opts,
+                                &detail::DictAccess::layout_cache(*this));
 }
 std::vector<Work> TensorDict::broadcast(int src, const CollectiveOptions& opts) {
   const auto& leaves = detail::DictAccess::canonical(*this);
   return detail::run_collective(
-      leaves, {detail::CollectiveKind::Broadcast, ReduceOp::SUM, src, "TensorDict.broadcast", true},
-      opts);
+      leaves, {detail::CollectiveKind::Broadcast, ReduceOp::SUM, src, "TensorDict.broadcast", true}, opts,
+      &detail::DictAccess::layout_cache(*this));
 }
 
 }  // namespace td

@@ -58,8 +58,10 @@ struct PreparedCollective {
 /// Everything a collective does before moving data: group membership, argument and layout
 /// agreement across the group (throws the same error on every rank), the bucket plan (cached).
 /// `extra_arg_error`, if not empty, is a bad argument found by the caller on this rank.
+/// `cache` (a dict's) lets repeated calls on an unchanged dict skip the per-leaf analysis.
 PreparedCollective prepare_collective(std::span<const LeafRef> leaves, const CollectiveCall& call,
-                                      const CollectiveOptions& opts, std::string extra_arg_error = {});
+                                      const CollectiveOptions& opts, std::string extra_arg_error = {},
+                                      LayoutCache* cache = nullptr);
 
 /// Copies a bucket's leaves into `dst` (bucket.nbytes bytes), strided leaves included.
 void pack_bucket(const BucketPlan::Bucket& bucket, std::span<const LeafRef> leaves, std::byte* dst);
@@ -71,9 +73,9 @@ bool bucket_is_contiguous_in_memory(const BucketPlan::Bucket& bucket, std::span<
 /// Runs `call` on `leaves` (canonical order): checks arguments and layout across the group,
 /// plans buckets and moves the data. Returns pending Works when opts.async_op, else none.
 std::vector<Work> run_collective(std::span<const LeafRef> leaves, const CollectiveCall& call,
-                                 const CollectiveOptions& opts);
+                                 const CollectiveOptions& opts, LayoutCache* cache = nullptr);
 
 /// Resolves kAutoBucketBytes for a group: measured once per group (collective), then cached.
-std::size_t tuned_bucket_bytes(GroupState& group, std::chrono::steady_clock::time_point deadline);
+TunedBuckets tuned_buckets(GroupState& group, std::chrono::steady_clock::time_point deadline);
 
 }  // namespace td::detail

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "tensordict/tensor_dict.hpp"
@@ -18,8 +19,16 @@ struct LeafRef {
 /// A 64-bit hash of a key's parts (stable across processes of one build).
 std::uint64_t hash_key(const Key& key);
 
+struct LayoutCache;
+/// A new, empty layout cache (defined by the collectives, where LayoutCache is complete).
+std::shared_ptr<LayoutCache> make_layout_cache();
+
 /// Access to TensorDict internals for the collectives.
 struct DictAccess {
+  /// The dict's cache of its last collective's layout analysis (see collective_engine.cpp).
+  static LayoutCache& layout_cache(const TensorDict& d);
+  /// The global structure epoch: it changes whenever any dict's structure changes.
+  static std::uint64_t structure_epoch();
   /// Every leaf sorted by key. Cached per dict and rebuilt only after some dict's structure
   /// changed (set/erase/assign), so a training loop pays the sort once.
   static const std::vector<LeafRef>& canonical(const TensorDict& d);

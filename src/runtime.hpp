@@ -30,6 +30,12 @@ namespace td::detail {
     if (td_mpi_rc_ != MPI_SUCCESS) ::td::detail::throw_mpi_error(#call, td_mpi_rc_); \
   } while (0)
 
+/// kAutoBucketBytes resolved on a group: the cap, and the size from which leaves go alone.
+struct TunedBuckets {
+  std::size_t cap = 0;
+  std::size_t direct_bytes = 0;
+};
+
 /// Shared state of one process group: its communicator and what is cached per group.
 struct GroupState {
   MPI_Comm comm = MPI_COMM_NULL;  // our own duplicate; MPI_COMM_NULL on non-members
@@ -41,7 +47,7 @@ struct GroupState {
   std::mutex mu;  // guards the caches below
   std::unordered_map<std::uint64_t, std::shared_ptr<const BucketPlan>> plans;  // by layout+cap
   std::uint64_t plan_hits = 0, plan_misses = 0;
-  std::optional<std::size_t> tuned_bucket_bytes;  // kAutoBucketBytes resolved on this group
+  std::optional<TunedBuckets> tuned;  // kAutoBucketBytes resolved on this group
   std::shared_ptr<Storage> scratch;               // reused pack buffer of sync calls
 
   GroupState() = default;

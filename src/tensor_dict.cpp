@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <map>
+#include <tuple>
 #include <ostream>
 #include <unordered_map>
 
@@ -41,6 +42,7 @@ struct TensorDict::Impl {
   std::uint64_t cache_epoch = 0;
   std::vector<Key> cache_keys;
   std::vector<detail::LeafRef> cache;
+  std::shared_ptr<detail::LayoutCache> layout_cache;  // owned here, defined by the collectives
 
   Entry* find(const std::string& name) {
     auto it = index.find(name);
@@ -383,26 +385,20 @@ TensorDict& TensorDict::consolidate() {
   std::map<DType, std::vector<Pending>> by_dtype;
   std::map<DType, std::int64_t> total;
   // Keys that alias one region keep aliasing it: the first occurrence decides the slot.
-  struct Region {
-    const void* data;
-    Shape shape, strides;
-    DType dtype;
-    bool operator==(const Region&) const = default;
-  };
-  std::vector<std::pair<Region, std::pair<DType, std::int64_t>>> seen;
+  using Region = std::tuple<const void*, Shape, Shape, DType>;
+  std::map<Region, std::pair<DType, std::int64_t>> seen;
   std::vector<std::pair<Tensor*, std::pair<DType, std::int64_t>>> aliases;
   for (const auto& ref : leaves) {
     Tensor& t = *ref.tensor;
     if (t.is_sparse()) continue;
     Region r{t.raw_data(), t.shape(), t.strides(), t.dtype()};
-    auto it = std::find_if(seen.begin(), seen.end(), [&](const auto& s) { return s.first == r; });
-    if (it != seen.end()) {
+    if (auto it = seen.find(r); it != seen.end()) {
       aliases.emplace_back(&t, it->second);
       continue;
     }
     std::int64_t& off = total[t.dtype()];
     by_dtype[t.dtype()].push_back({&t, off});
-    seen.emplace_back(r, std::make_pair(t.dtype(), off));
+    seen.emplace(std::move(r), std::make_pair(t.dtype(), off));
     off += t.numel();
   }
   std::map<std::pair<DType, std::int64_t>, Tensor> placed;
@@ -455,6 +451,14 @@ std::uint64_t hash_key(const Key& key) {
   }
   return h;
 }
+
+LayoutCache& DictAccess::layout_cache(const TensorDict& d) {
+  auto& in = const_cast<TensorDict&>(d).impl();
+  if (!in.layout_cache) in.layout_cache = make_layout_cache();
+  return *in.layout_cache;
+}
+
+std::uint64_t DictAccess::structure_epoch() { return g_structure_epoch.load(std::memory_order_relaxed); }
 
 const std::vector<LeafRef>& DictAccess::canonical(const TensorDict& cd) {
   auto& d = const_cast<TensorDict&>(cd);

@@ -58,10 +58,13 @@ struct TD_API BucketPlan {
 
   /// Builds the plan. `cap` nullopt: one bucket per leaf; otherwise buckets hold contiguous dense
   /// leaves of one dtype, in canonical order, totalling at most *cap bytes (a larger leaf is a
-  /// bucket of its own). `max_message_bytes` 0 picks max(*cap, 1 MiB) (unlimited without a cap);
-  /// a message never exceeds INT_MAX elements.
+  /// bucket of its own). Leaves of at least `direct_bytes` bytes (0: no such rule) also go on
+  /// their own, so they are reduced in place instead of being copied into a pack buffer.
+  /// `max_message_bytes` 0 picks max(*cap, 1 MiB), or 4 MiB without a cap (one 32 MiB message
+  /// is several times slower than eight of 4 MiB on shared memory); a message never exceeds
+  /// INT_MAX elements.
   static BucketPlan build(const std::vector<LeafLayout>& leaves, std::optional<std::size_t> cap,
-                          std::size_t max_message_bytes = 0);
+                          std::size_t max_message_bytes = 0, std::size_t direct_bytes = 0);
   /// Checks the invariants (every byte of every packable leaf in exactly one bucket, the cap,
   /// canonical order, one dtype per bucket); returns an empty string or what is wrong.
   std::string check(const std::vector<LeafLayout>& leaves) const;
