@@ -109,3 +109,16 @@ TEST_CASE("check() catches a broken plan", "[plan]") {
   broken.buckets.push_back(broken.buckets[0]);
   CHECK_FALSE(broken.check(leaves).empty());
 }
+
+TEST_CASE("direct_bytes sends large leaves alone; uncapped messages are 4 MiB", "[plan]") {
+  std::vector<LeafLayout> leaves{leaf(DType::Float32, 16), leaf(DType::Float32, 50000), leaf(DType::Float32, 16)};
+  auto plan = BucketPlan::build(leaves, 1 << 20, 0, 64 << 10);
+  CHECK(plan.check(leaves).empty());
+  REQUIRE(plan.buckets.size() == 2);
+  CHECK(plan.buckets[0].slots.size() == 2);  // the two small leaves packed
+  CHECK(plan.buckets[1].slots.size() == 1);  // the 200 KB leaf alone
+  auto packed = BucketPlan::build(leaves, 1 << 20);
+  CHECK(packed.buckets.size() == 1);
+  CHECK(BucketPlan::build(leaves, std::nullopt).max_message_bytes == std::size_t{4} << 20);
+  CHECK(BucketPlan::build(leaves, 64).max_message_bytes == std::size_t{1} << 20);
+}
