@@ -127,9 +127,10 @@ TunedBuckets measure(GroupState& g) {
     std::string ladder;
     for (std::size_t i = 0; i < kLadder.size(); ++i)
       ladder += fmt::format(" {}KiB:{:.3f}ms", kLadder[i] >> 10, times[i] * 1e3);
-    return fmt::format("auto buckets: cap {} KiB, leaves of {} KiB or more sent alone (alpha {:.1f} us, "
-                       "memcpy {:.1f} GB/s; pack+allreduce+unpack ladder{})",
-                       out.cap >> 10, out.direct_bytes >> 10, alpha * 1e6, copy_bw * 1e-9, ladder);
+    return fmt::format(
+        "auto buckets: cap {} KiB, leaves of {} KiB or more sent alone (alpha {:.1f} us, "
+        "memcpy {:.1f} GB/s; pack+allreduce+unpack ladder{})",
+        out.cap >> 10, out.direct_bytes >> 10, alpha * 1e6, copy_bw * 1e-9, ladder);
   });
   return out;
 }
@@ -160,7 +161,9 @@ TunedBuckets tuned_buckets(GroupState& g, Clock::time_point) {
         std::ofstream out(dir / key);
         out << pick.cap << " " << pick.direct_bytes << "\n";
         if (!out)
-          log_warn([&] { return fmt::format("could not write the bucket-size cache {}", (dir / key).string()); });
+          log_warn([&] {
+            return fmt::format("could not write the bucket-size cache {}", (dir / key).string());
+          });
       }
     }
   }

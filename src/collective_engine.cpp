@@ -55,7 +55,6 @@ struct Analysis {
 
 namespace {
 
-
 void note_error(std::string& err, std::string msg) {
   if (err.empty()) err = std::move(msg);
 }
@@ -154,7 +153,8 @@ Analysis analyse_layout(std::span<const LeafRef> leaves) {
     const Tensor& t = *leaves[i].tensor;
     LeafLayout& l = a.layout[i];
     if (!t.defined()) {
-      note_error(a.arg_error, fmt::format("key '{}' holds an undefined tensor", leaves[i].key->str()));
+      note_error(a.arg_error,
+                 fmt::format("key '{}' holds an undefined tensor", leaves[i].key->str()));
       continue;
     }
     l.dtype = t.dtype();
@@ -169,7 +169,8 @@ Analysis analyse_layout(std::span<const LeafRef> leaves) {
     const LeafLayout& l = a.layout[i];
     h = mix(h, leaves[i].key_hash);
     h = mix(h, static_cast<std::uint64_t>(l.dtype) | (std::uint64_t{l.contiguous} << 8) |
-                   (std::uint64_t{l.sparse} << 9) | (static_cast<std::uint64_t>(l.alias_of + 1) << 10));
+                   (std::uint64_t{l.sparse} << 9) |
+                   (static_cast<std::uint64_t>(l.alias_of + 1) << 10));
     h = mix(h, l.shape.size());
     for (auto s : l.shape) h = mix(h, static_cast<std::uint64_t>(s));
   }
@@ -179,26 +180,31 @@ Analysis analyse_layout(std::span<const LeafRef> leaves) {
 
 // The op-dependent checks. Only when some dtype present does not support the op, or a sparse
 // leaf is present, does it walk the leaves to name the first offending key.
-std::string check_ops(std::span<const LeafRef> leaves, const Analysis& a, const CollectiveCall& call) {
+std::string check_ops(std::span<const LeafRef> leaves, const Analysis& a,
+                      const CollectiveCall& call) {
   bool all_supported = true;
   if (reduces(call.kind))
     for (std::size_t d = 0; d < kNumDTypes; ++d)
-      if ((a.dtype_mask >> d & 1u) && !supports(call.op, static_cast<DType>(d))) all_supported = false;
+      if ((a.dtype_mask >> d & 1u) && !supports(call.op, static_cast<DType>(d)))
+        all_supported = false;
   if (all_supported && !a.any_sparse) return {};
   std::string err;
   for (std::size_t i = 0; i < leaves.size() && err.empty(); ++i) {
     const LeafLayout& l = a.layout[i];
     if (!leaves[i].tensor->defined()) continue;
     if (reduces(call.kind) && !supports(call.op, l.dtype))
-      err = fmt::format("op {} is not defined for dtype {} (key '{}')", name(call.op), name(l.dtype),
-                        leaves[i].key->str());
+      err = fmt::format("op {} is not defined for dtype {} (key '{}')", name(call.op),
+                        name(l.dtype), leaves[i].key->str());
     else if (l.sparse && !sparse_supported(call.kind))
-      err = fmt::format("key '{}' is a sparse tensor, which {} does not support; to_dense() it first",
-                        leaves[i].key->str(), call.name);
+      err =
+          fmt::format("key '{}' is a sparse tensor, which {} does not support; to_dense() it first",
+                      leaves[i].key->str(), call.name);
     else if (l.sparse && reduces(call.kind) && call.op != ReduceOp::SUM && call.op != ReduceOp::AVG)
-      err = fmt::format("op {} has no meaning for the sparse leaf '{}' (its missing entries are zeros); use SUM or "
-                        "AVG, or to_dense() it first",
-                        name(call.op), leaves[i].key->str());
+      err = fmt::format(
+          "op {} has no meaning for the sparse leaf '{}' (its missing entries are zeros); use SUM "
+          "or "
+          "AVG, or to_dense() it first",
+          name(call.op), leaves[i].key->str());
   }
   return err;
 }
@@ -233,18 +239,20 @@ LayoutCache::Snapshot snapshot_of(const Tensor& t) {
 bool matches(const LayoutCache::Snapshot& s, const Tensor& t) {
   if (!t.defined()) return s.storage == nullptr && s.sparse == nullptr;
   if (t.is_sparse()) return s.sparse == &t.values() && s.dtype == t.dtype() && s.shape == t.shape();
-  return s.storage == TensorAccess::storage(t) && s.offset == t.storage_offset() && s.dtype == t.dtype() &&
-         s.shape == t.shape() && s.strides == t.strides();
+  return s.storage == TensorAccess::storage(t) && s.offset == t.storage_offset() &&
+         s.dtype == t.dtype() && s.shape == t.shape() && s.strides == t.strides();
 }
 
-const Analysis& analyse_cached(std::span<const LeafRef> leaves, LayoutCache* cache, Analysis& scratch) {
+const Analysis& analyse_cached(std::span<const LeafRef> leaves, LayoutCache* cache,
+                               Analysis& scratch) {
   if (!cache) {
     scratch = analyse_layout(leaves);
     return scratch;
   }
   const std::uint64_t epoch = DictAccess::structure_epoch();
   bool hit = cache->epoch == epoch && cache->snapshots.size() == leaves.size();
-  for (std::size_t i = 0; hit && i < leaves.size(); ++i) hit = matches(cache->snapshots[i], *leaves[i].tensor);
+  for (std::size_t i = 0; hit && i < leaves.size(); ++i)
+    hit = matches(cache->snapshots[i], *leaves[i].tensor);
   if (!hit) {
     cache->analysis = analyse_layout(leaves);
     cache->snapshots.clear();
@@ -757,8 +765,8 @@ PreparedCollective prepare_collective(std::span<const LeafRef> leaves, const Col
   if (cap && *cap == 0)
     note_error(arg_error, "bucket_bytes must be positive (or td::kAutoBucketBytes)");
   if (has_root(call.kind) && (call.root < 0 || call.root >= g->size))
-    note_error(arg_error, fmt::format("{} {} is out of range for a group of {} ranks", root_name(call.kind), call.root,
-                                      g->size));
+    note_error(arg_error, fmt::format("{} {} is out of range for a group of {} ranks",
+                                      root_name(call.kind), call.root, g->size));
   if (!extra_arg_error.empty()) note_error(arg_error, std::move(extra_arg_error));
   if (g->size > 1 && config().check_layout) agree(*g, call, cap, arg_error, leaves, a, deadline);
   if (!arg_error.empty()) throw std::invalid_argument(fmt::format("{}: {}", call.name, arg_error));
@@ -790,13 +798,16 @@ std::vector<Work> run_collective(std::span<const LeafRef> leaves, const Collecti
   return {};
 }
 
-void pack_bucket(const BucketPlan::Bucket& bucket, std::span<const LeafRef> leaves, std::byte* dst) {
+void pack_bucket(const BucketPlan::Bucket& bucket, std::span<const LeafRef> leaves,
+                 std::byte* dst) {
   pack(bucket, leaves, dst);
 }
-void unpack_bucket(const BucketPlan::Bucket& bucket, std::span<const LeafRef> leaves, const std::byte* src) {
+void unpack_bucket(const BucketPlan::Bucket& bucket, std::span<const LeafRef> leaves,
+                   const std::byte* src) {
   unpack(bucket, leaves, src);
 }
-bool bucket_is_contiguous_in_memory(const BucketPlan::Bucket& bucket, std::span<const LeafRef> leaves) {
+bool bucket_is_contiguous_in_memory(const BucketPlan::Bucket& bucket,
+                                    std::span<const LeafRef> leaves) {
   return contiguous_in_memory(bucket, leaves);
 }
 
@@ -842,19 +853,21 @@ Work broadcast(Tensor& t, int src, const CollectiveOptions& opts) {
 
 std::vector<Work> TensorDict::all_reduce(ReduceOp op, const CollectiveOptions& opts) {
   const auto& leaves = detail::DictAccess::canonical(*this);
-  return detail::run_collective(leaves, {detail::CollectiveKind::AllReduce, op, 0, "TensorDict.all_reduce", true},
-                                opts, &detail::DictAccess::layout_cache(*this));
+  return detail::run_collective(
+      leaves, {detail::CollectiveKind::AllReduce, op, 0, "TensorDict.all_reduce", true}, opts,
+      &detail::DictAccess::layout_cache(*this));
 }
 std::vector<Work> TensorDict::reduce(int dst, ReduceOp op, const CollectiveOptions& opts) {
   const auto& leaves = detail::DictAccess::canonical(*this);
-  return detail::run_collective(leaves, {detail::CollectiveKind::Reduce, op, dst, "TensorDict.reduce", true}, opts,
-                                &detail::DictAccess::layout_cache(*this));
+  return detail::run_collective(
+      leaves, {detail::CollectiveKind::Reduce, op, dst, "TensorDict.reduce", true}, opts,
+      &detail::DictAccess::layout_cache(*this));
 }
 std::vector<Work> TensorDict::broadcast(int src, const CollectiveOptions& opts) {
   const auto& leaves = detail::DictAccess::canonical(*this);
   return detail::run_collective(
-      leaves, {detail::CollectiveKind::Broadcast, ReduceOp::SUM, src, "TensorDict.broadcast", true}, opts,
-      &detail::DictAccess::layout_cache(*this));
+      leaves, {detail::CollectiveKind::Broadcast, ReduceOp::SUM, src, "TensorDict.broadcast", true},
+      opts, &detail::DictAccess::layout_cache(*this));
 }
 
 }  // namespace td

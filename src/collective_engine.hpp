@@ -23,12 +23,13 @@ enum class CollectiveKind : std::uint8_t {
 
 /// Whether the collective combines values with a ReduceOp.
 constexpr bool reduces(CollectiveKind k) {
-  return k == CollectiveKind::AllReduce || k == CollectiveKind::Reduce || k == CollectiveKind::ReduceScatter;
+  return k == CollectiveKind::AllReduce || k == CollectiveKind::Reduce ||
+         k == CollectiveKind::ReduceScatter;
 }
 /// Whether the collective has a root rank (dst or src).
 constexpr bool has_root(CollectiveKind k) {
-  return k == CollectiveKind::Reduce || k == CollectiveKind::Broadcast || k == CollectiveKind::Gather ||
-         k == CollectiveKind::Scatter;
+  return k == CollectiveKind::Reduce || k == CollectiveKind::Broadcast ||
+         k == CollectiveKind::Gather || k == CollectiveKind::Scatter;
 }
 /// "dst" for collectives that deliver to the root, "src" for those that send from it.
 constexpr const char* root_name(CollectiveKind k) {
@@ -36,7 +37,8 @@ constexpr const char* root_name(CollectiveKind k) {
 }
 /// Whether sparse leaves are supported (the others reject them before moving data).
 constexpr bool sparse_supported(CollectiveKind k) {
-  return k == CollectiveKind::AllReduce || k == CollectiveKind::Reduce || k == CollectiveKind::Broadcast;
+  return k == CollectiveKind::AllReduce || k == CollectiveKind::Reduce ||
+         k == CollectiveKind::Broadcast;
 }
 
 /// A collective's arguments that every rank must agree on.
@@ -60,15 +62,18 @@ struct PreparedCollective {
 /// `extra_arg_error`, if not empty, is a bad argument found by the caller on this rank.
 /// `cache` (a dict's) lets repeated calls on an unchanged dict skip the per-leaf analysis.
 PreparedCollective prepare_collective(std::span<const LeafRef> leaves, const CollectiveCall& call,
-                                      const CollectiveOptions& opts, std::string extra_arg_error = {},
+                                      const CollectiveOptions& opts,
+                                      std::string extra_arg_error = {},
                                       LayoutCache* cache = nullptr);
 
 /// Copies a bucket's leaves into `dst` (bucket.nbytes bytes), strided leaves included.
 void pack_bucket(const BucketPlan::Bucket& bucket, std::span<const LeafRef> leaves, std::byte* dst);
 /// Copies `src` back into the bucket's leaves.
-void unpack_bucket(const BucketPlan::Bucket& bucket, std::span<const LeafRef> leaves, const std::byte* src);
+void unpack_bucket(const BucketPlan::Bucket& bucket, std::span<const LeafRef> leaves,
+                   const std::byte* src);
 /// Whether the bucket's leaves lie back to back in one storage (so it needs no pack copy).
-bool bucket_is_contiguous_in_memory(const BucketPlan::Bucket& bucket, std::span<const LeafRef> leaves);
+bool bucket_is_contiguous_in_memory(const BucketPlan::Bucket& bucket,
+                                    std::span<const LeafRef> leaves);
 
 /// Runs `call` on `leaves` (canonical order): checks arguments and layout across the group,
 /// plans buckets and moves the data. Returns pending Works when opts.async_op, else none.

@@ -53,8 +53,8 @@ Config read() {
   if (auto v = env("TD_PROGRESS_THREAD")) c.progress_thread = parse_bool("TD_PROGRESS_THREAD", *v);
   if (auto v = env("TD_AUTOTUNE_CACHE")) c.autotune_cache = parse_bool("TD_AUTOTUNE_CACHE", *v);
   if (auto v = env("TD_PROGRESS_INTERVAL_US"))
-    c.progress_interval_us = static_cast<int>(
-        std::min<std::uint64_t>(*v == "0" ? 0 : parse_positive("TD_PROGRESS_INTERVAL_US", *v), 1000000));
+    c.progress_interval_us = static_cast<int>(std::min<std::uint64_t>(
+        *v == "0" ? 0 : parse_positive("TD_PROGRESS_INTERVAL_US", *v), 1000000));
   if (auto v = env("TD_LOG_LEVEL")) {
     if (*v == "off") {
       c.log_level = LogLevel::Off;

@@ -122,8 +122,9 @@ bool async_progress_enabled() {
     static std::once_flag warned;
     std::call_once(warned, [] {
       detail::log_warn([] {
-        return std::string("MPI was initialised without MPI_THREAD_MULTIPLE: no progress thread; async "
-                           "collectives advance only inside wait() and is_completed()");
+        return std::string(
+            "MPI was initialised without MPI_THREAD_MULTIPLE: no progress thread; async "
+            "collectives advance only inside wait() and is_completed()");
       });
     });
     return false;

@@ -48,7 +48,7 @@ struct GroupState {
   std::unordered_map<std::uint64_t, std::shared_ptr<const BucketPlan>> plans;  // by layout+cap
   std::uint64_t plan_hits = 0, plan_misses = 0;
   std::optional<TunedBuckets> tuned;  // kAutoBucketBytes resolved on this group
-  std::shared_ptr<Storage> scratch;               // reused pack buffer of sync calls
+  std::shared_ptr<Storage> scratch;   // reused pack buffer of sync calls
 
   GroupState() = default;
   GroupState(const GroupState&) = delete;

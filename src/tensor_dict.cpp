@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <map>
-#include <tuple>
 #include <ostream>
+#include <tuple>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -458,7 +458,9 @@ LayoutCache& DictAccess::layout_cache(const TensorDict& d) {
   return *in.layout_cache;
 }
 
-std::uint64_t DictAccess::structure_epoch() { return g_structure_epoch.load(std::memory_order_relaxed); }
+std::uint64_t DictAccess::structure_epoch() {
+  return g_structure_epoch.load(std::memory_order_relaxed);
+}
 
 const std::vector<LeafRef>& DictAccess::canonical(const TensorDict& cd) {
   auto& d = const_cast<TensorDict&>(cd);

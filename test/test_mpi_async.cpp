@@ -54,7 +54,8 @@ TEST_CASE("destroying the dict while its Works are pending", "[async]") {
   Tensor kept;
   {
     TensorDict d;
-    for (int i = 0; i < 40; ++i) d.set({"g", fmt::format("p{}", i)}, make_input<float>(ReduceOp::AVG, rank, {64}));
+    for (int i = 0; i < 40; ++i)
+      d.set({"g", fmt::format("p{}", i)}, make_input<float>(ReduceOp::AVG, rank, {64}));
     kept = d.get({"g", "p3"});
     works = d.all_reduce(ReduceOp::AVG, {.async_op = true, .bucket_bytes = 1024});
   }  // the dict is gone; the Works own the leaves and buffers
@@ -75,7 +76,8 @@ TEST_CASE("many async calls in flight, waited in reverse order", "[async]") {
 
   // dict-level async calls interleaved with sync ones on the same group
   TensorDict d;
-  for (int i = 0; i < 30; ++i) d.set(fmt::format("p{}", i), make_input<float>(ReduceOp::SUM, rank, {33}));
+  for (int i = 0; i < 30; ++i)
+    d.set(fmt::format("p{}", i), make_input<float>(ReduceOp::SUM, rank, {33}));
   TensorDict e = d.clone();
   auto w1 = d.all_reduce(ReduceOp::SUM, {.async_op = true, .bucket_bytes = 512});
   e.all_reduce(ReduceOp::SUM, {.bucket_bytes = 256});

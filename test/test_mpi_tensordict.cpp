@@ -343,7 +343,8 @@ TEST_CASE("bucketed: every dtype x every op it supports, several leaves per dtyp
   }
 }
 
-TEST_CASE("the layout cache notices leaves replaced through get() between calls", "[tensordict][cache]") {
+TEST_CASE("the layout cache notices leaves replaced through get() between calls",
+          "[tensordict][cache]") {
   const int rank = td::get_rank(), size = td::get_world_size();
   TensorDict d;
   for (int i = 0; i < 10; ++i) d.set(fmt::format("p{}", i), Tensor::full<float>({8}, 1.f));
@@ -356,7 +357,8 @@ TEST_CASE("the layout cache notices leaves replaced through get() between calls"
   d.get("p3").copy_(Tensor::full<float>({8}, 2.f));
   d.all_reduce(ReduceOp::SUM, {.bucket_bytes = 64});
   CHECK(d.get("p3").to_vector<float>() == std::vector<float>(8, 2.f * static_cast<float>(size)));
-  CHECK(base.slice(0, 1, 16, 2).to_vector<float>() == std::vector<float>(8, 1.f));  // gaps untouched
+  CHECK(base.slice(0, 1, 16, 2).to_vector<float>() ==
+        std::vector<float>(8, 1.f));  // gaps untouched
   if (size > 1) {  // a shape changed on one rank only: still a mismatch error, not a hang
     if (rank == 0) d.get("p5") = Tensor::full<float>({9}, 1.f);
     CHECK_THROWS_AS(d.all_reduce(ReduceOp::SUM, {.bucket_bytes = 64}), td::LayoutMismatchError);

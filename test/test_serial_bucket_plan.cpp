@@ -111,7 +111,8 @@ TEST_CASE("check() catches a broken plan", "[plan]") {
 }
 
 TEST_CASE("direct_bytes sends large leaves alone; uncapped messages are 4 MiB", "[plan]") {
-  std::vector<LeafLayout> leaves{leaf(DType::Float32, 16), leaf(DType::Float32, 50000), leaf(DType::Float32, 16)};
+  std::vector<LeafLayout> leaves{leaf(DType::Float32, 16), leaf(DType::Float32, 50000),
+                                 leaf(DType::Float32, 16)};
   auto plan = BucketPlan::build(leaves, 1 << 20, 0, 64 << 10);
   CHECK(plan.check(leaves).empty());
   REQUIRE(plan.buckets.size() == 2);
