@@ -10,9 +10,9 @@
 // pick the smallest size within 5% of the best per-byte cost (smaller buckets mean less pack
 // memory and earlier async completion).
 //
-// Leaves large enough that copying them costs more than a message of their own are not packed
-// at all: a leaf of n bytes goes alone when 2 n / copy_bw > alpha, i.e. n >= alpha * copy_bw / 2,
-// with alpha the time of an 8-byte allreduce and copy_bw a measured memcpy bandwidth.
+// Leaves large enough that a message of their own costs less than their share of a packed
+// bucket are not packed at all: a leaf of n bytes goes alone when A(n)/n <= T(B)/B, with A(n)
+// the bare allreduce (no copies) measured on the same ladder.
 //
 // The result is cached per group in memory and on disk per (hosts, rank count, MPI library) in
 // $TD_CACHE_DIR or $XDG_CACHE_HOME/tensordict-mpi or ~/.cache/tensordict-mpi; rank 0 reads the
@@ -96,16 +96,20 @@ TunedBuckets measure(GroupState& g) {
   auto pack = std::make_unique<Storage>(top);    // the pack buffer
   std::memset(leaves->data, 0, top);             // zeros: sums stay finite; pages are touched
   std::memset(pack->data, 0, top);
-  std::vector<double> times, per_byte;
+  std::vector<double> times, per_byte, bare;
   for (std::size_t n : kLadder) {
     const int count = static_cast<int>(n / sizeof(float));
-    const double t = fastest(g, n >= (std::size_t{8} << 20) ? 3 : 5, [&] {
+    const int reps = n >= (std::size_t{8} << 20) ? 3 : 5;
+    const double t = fastest(g, reps, [&] {
       std::memcpy(pack->data, leaves->data, n);
       TD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, pack->data, count, MPI_FLOAT, MPI_SUM, g.comm));
       std::memcpy(leaves->data, pack->data, n);
     });
     times.push_back(t);
     per_byte.push_back(t / static_cast<double>(n));
+    bare.push_back(fastest(g, reps, [&] {
+      TD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, leaves->data, count, MPI_FLOAT, MPI_SUM, g.comm));
+    }));
   }
   const double best = *std::min_element(per_byte.begin(), per_byte.end());
   TunedBuckets out{kLadder.back(), kLadder.back()};
@@ -114,23 +118,20 @@ TunedBuckets measure(GroupState& g) {
       out.cap = kLadder[i];
       break;
     }
-  double word = 0;
-  const double alpha = fastest(g, 20, [&] {
-    TD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &word, 1, MPI_DOUBLE, MPI_SUM, g.comm));
-  });
-  const std::size_t probe = std::size_t{1} << 20;
-  const double copy = fastest(g, 5, [&] { std::memcpy(pack->data, leaves->data, probe); });
-  const double copy_bw = static_cast<double>(probe) / std::max(copy, 1e-9);
-  const auto direct = static_cast<std::size_t>(alpha * copy_bw / 2);
-  out.direct_bytes = std::clamp<std::size_t>(direct, std::size_t{4} << 10, out.cap);
+  const double packed_per_byte = best;
+  for (std::size_t i = 0; i < kLadder.size() && kLadder[i] <= out.cap; ++i)
+    if (bare[i] / static_cast<double>(kLadder[i]) <= packed_per_byte) {
+      out.direct_bytes = kLadder[i];
+      break;
+    }
+  out.direct_bytes = std::min(out.direct_bytes, out.cap);
   log_info([&] {
     std::string ladder;
     for (std::size_t i = 0; i < kLadder.size(); ++i)
-      ladder += fmt::format(" {}KiB:{:.3f}ms", kLadder[i] >> 10, times[i] * 1e3);
-    return fmt::format(
-        "auto buckets: cap {} KiB, leaves of {} KiB or more sent alone (alpha {:.1f} us, "
-        "memcpy {:.1f} GB/s; pack+allreduce+unpack ladder{})",
-        out.cap >> 10, out.direct_bytes >> 10, alpha * 1e6, copy_bw * 1e-9, ladder);
+      ladder += fmt::format(" {}KiB:{:.3f}/{:.3f}ms", kLadder[i] >> 10, times[i] * 1e3, bare[i] * 1e3);
+    return fmt::format("auto buckets: cap {} KiB, leaves of {} KiB or more sent alone (per size: packed cycle / "
+                       "bare allreduce{})",
+                       out.cap >> 10, out.direct_bytes >> 10, ladder);
   });
   return out;
 }
