@@ -221,7 +221,8 @@ struct LayoutCache {
     DType dtype;
     Shape shape, strides;
   };
-  std::uint64_t epoch = 0;
+  std::uint64_t generation = 0;      // of the dict's canonical order the snapshots follow
+  std::uint64_t generation_now = 0;  // set by the caller: the order's generation for this call
   std::vector<Snapshot> snapshots;
   Analysis analysis;
 };
@@ -243,14 +244,13 @@ bool matches(const LayoutCache::Snapshot& s, const Tensor& t) {
          s.dtype == t.dtype() && s.shape == t.shape() && s.strides == t.strides();
 }
 
-const Analysis& analyse_cached(std::span<const LeafRef> leaves, LayoutCache* cache,
-                               Analysis& scratch) {
+const Analysis& analyse_cached(std::span<const LeafRef> leaves, LayoutCache* cache, Analysis& scratch) {
+  const std::uint64_t generation = cache ? cache->generation_now : 0;
   if (!cache) {
     scratch = analyse_layout(leaves);
     return scratch;
   }
-  const std::uint64_t epoch = DictAccess::structure_epoch();
-  bool hit = cache->epoch == epoch && cache->snapshots.size() == leaves.size();
+  bool hit = cache->generation == generation && cache->snapshots.size() == leaves.size();
   for (std::size_t i = 0; hit && i < leaves.size(); ++i)
     hit = matches(cache->snapshots[i], *leaves[i].tensor);
   if (!hit) {
@@ -258,7 +258,7 @@ const Analysis& analyse_cached(std::span<const LeafRef> leaves, LayoutCache* cac
     cache->snapshots.clear();
     cache->snapshots.reserve(leaves.size());
     for (const auto& ref : leaves) cache->snapshots.push_back(snapshot_of(*ref.tensor));
-    cache->epoch = epoch;
+    cache->generation = generation;
   }
   return cache->analysis;
 }
@@ -853,21 +853,27 @@ Work broadcast(Tensor& t, int src, const CollectiveOptions& opts) {
 
 std::vector<Work> TensorDict::all_reduce(ReduceOp op, const CollectiveOptions& opts) {
   const auto& leaves = detail::DictAccess::canonical(*this);
+  detail::LayoutCache& cache = detail::DictAccess::layout_cache(*this);
+  cache.generation_now = detail::DictAccess::canonical_generation(*this);
   return detail::run_collective(
       leaves, {detail::CollectiveKind::AllReduce, op, 0, "TensorDict.all_reduce", true}, opts,
-      &detail::DictAccess::layout_cache(*this));
+      &cache);
 }
 std::vector<Work> TensorDict::reduce(int dst, ReduceOp op, const CollectiveOptions& opts) {
   const auto& leaves = detail::DictAccess::canonical(*this);
+  detail::LayoutCache& cache = detail::DictAccess::layout_cache(*this);
+  cache.generation_now = detail::DictAccess::canonical_generation(*this);
   return detail::run_collective(
       leaves, {detail::CollectiveKind::Reduce, op, dst, "TensorDict.reduce", true}, opts,
-      &detail::DictAccess::layout_cache(*this));
+      &cache);
 }
 std::vector<Work> TensorDict::broadcast(int src, const CollectiveOptions& opts) {
   const auto& leaves = detail::DictAccess::canonical(*this);
+  detail::LayoutCache& cache = detail::DictAccess::layout_cache(*this);
+  cache.generation_now = detail::DictAccess::canonical_generation(*this);
   return detail::run_collective(
       leaves, {detail::CollectiveKind::Broadcast, ReduceOp::SUM, src, "TensorDict.broadcast", true},
-      opts, &detail::DictAccess::layout_cache(*this));
+      opts, &cache);
 }
 
 }  // namespace td

@@ -27,10 +27,11 @@ std::shared_ptr<LayoutCache> make_layout_cache();
 struct DictAccess {
   /// The dict's cache of its last collective's layout analysis (see collective_engine.cpp).
   static LayoutCache& layout_cache(const TensorDict& d);
-  /// The global structure epoch: it changes whenever any dict's structure changes.
-  static std::uint64_t structure_epoch();
-  /// Every leaf sorted by key. Cached per dict and rebuilt only after some dict's structure
-  /// changed (set/erase/assign), so a training loop pays the sort once.
+  /// Changes whenever canonical(d) is rebuilt (so caches derived from the order know to rebuild).
+  static std::uint64_t canonical_generation(const TensorDict& d);
+  /// Every leaf sorted by key. Cached per dict and rebuilt only after a dict of its tree changed
+  /// structure (set of a new key, erase, a sub-dict replaced), so a training loop pays the sort
+  /// once; checking the cache walks the tree without comparing keys.
   static const std::vector<LeafRef>& canonical(const TensorDict& d);
 };
 

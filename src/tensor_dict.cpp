@@ -1,7 +1,6 @@
 #include "tensordict/tensor_dict.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <map>
 #include <ostream>
 #include <tuple>
@@ -16,11 +15,6 @@
 namespace td {
 
 namespace {
-// Bumped by every structural change of any dict; a canonical-order cache is valid while the epoch
-// it was built at is current. Global, so a change deep inside a nested dict invalidates its
-// ancestors' caches too.
-std::atomic<std::uint64_t> g_structure_epoch{1};
-void structure_changed() { g_structure_epoch.fetch_add(1, std::memory_order_relaxed); }
 
 std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
@@ -38,8 +32,14 @@ struct TensorDict::Impl {
   std::vector<Entry> entries;                          // insertion order
   std::unordered_map<std::string, std::size_t> index;  // name -> position in entries
 
-  // Canonical-order cache (see DictAccess::canonical).
-  std::uint64_t cache_epoch = 0;
+  // Bumped by every structural change of this dict (not of its sub-dicts, which have their own).
+  std::uint64_t version = 0;
+
+  // Canonical-order cache (see DictAccess::canonical): valid while every dict of the tree, in
+  // walk order, is the same object at the same version as when it was built.
+  bool cache_valid = false;
+  std::uint64_t cache_generation = 0;  // bumped on every rebuild
+  std::vector<std::pair<const Impl*, std::uint64_t>> cache_nodes;
   std::vector<Key> cache_keys;
   std::vector<detail::LeafRef> cache;
   std::shared_ptr<detail::LayoutCache> layout_cache;  // owned here, defined by the collectives
@@ -70,8 +70,7 @@ TensorDict& TensorDict::operator=(const TensorDict& other) {
 }
 TensorDict::TensorDict(TensorDict&& other) noexcept = default;
 TensorDict& TensorDict::operator=(TensorDict&& other) noexcept {
-  impl_ = std::move(other.impl_);
-  structure_changed();
+  impl_ = std::move(other.impl_);  // a parent caching this dict sees a different Impl
   return *this;
 }
 
@@ -106,7 +105,7 @@ TensorDict& TensorDict::set(const Key& key, Tensor value) {
     if (!e) {
       d->impl().entries.push_back({parts[i], TensorDict(d->impl().batch_size)});
       d->impl().index.emplace(parts[i], d->impl().entries.size() - 1);
-      structure_changed();
+      ++d->impl().version;
       e = &d->impl().entries.back();
     } else if (!std::holds_alternative<TensorDict>(e->value)) {
       throw KeyError(
@@ -125,12 +124,12 @@ TensorDict& TensorDict::set(const Key& key, Tensor value) {
       std::get<Tensor>(e->value) = std::move(value);  // same node: cached pointers stay valid
     } else {
       e->value = std::move(value);
-      structure_changed();
+      ++in.version;
     }
   } else {
     in.entries.push_back({parts.back(), std::move(value)});
     in.index.emplace(parts.back(), in.entries.size() - 1);
-    structure_changed();
+    ++in.version;
   }
   return *this;
 }
@@ -148,6 +147,7 @@ TensorDict& TensorDict::set(const Key& key, TensorDict value) {
         if (!e) {
           d->impl().entries.push_back({p, TensorDict(d->impl().batch_size)});
           d->impl().index.emplace(p, d->impl().entries.size() - 1);
+          ++d->impl().version;
           e = &d->impl().entries.back();
         } else if (!std::holds_alternative<TensorDict>(e->value)) {
           throw KeyError(
@@ -169,7 +169,7 @@ TensorDict& TensorDict::set(const Key& key, TensorDict value) {
     in.entries.push_back({parts.back(), std::move(value)});
     in.index.emplace(parts.back(), in.entries.size() - 1);
   }
-  structure_changed();
+  ++in.version;
   return *this;
 }
 
@@ -247,7 +247,7 @@ TensorDict& TensorDict::erase(const Key& key) {
   if (it == in.entries.end()) missing(key, key.parts().size() - 1, "");
   in.entries.erase(it);
   in.rebuild_index();
-  structure_changed();
+  ++in.version;
   return *this;
 }
 
@@ -458,18 +458,36 @@ LayoutCache& DictAccess::layout_cache(const TensorDict& d) {
   return *in.layout_cache;
 }
 
-std::uint64_t DictAccess::structure_epoch() {
-  return g_structure_epoch.load(std::memory_order_relaxed);
+std::uint64_t DictAccess::canonical_generation(const TensorDict& d) {
+  return d.impl().cache_valid ? d.impl().cache_generation : 0;  // call canonical(d) first
 }
 
 const std::vector<LeafRef>& DictAccess::canonical(const TensorDict& cd) {
   auto& d = const_cast<TensorDict&>(cd);
   TensorDict::Impl& in = d.impl();
-  const std::uint64_t epoch = g_structure_epoch.load(std::memory_order_relaxed);
-  if (in.cache_epoch == epoch) return in.cache;
+  if (in.cache_valid) {
+    // Walk the live tree (no strings, no sort): only dicts reached through it are dereferenced.
+    std::size_t k = 0;
+    bool same = true;
+    auto check = [&](auto& self, const TensorDict& node) -> void {
+      const TensorDict::Impl* p = node.impl_.get();
+      if (!same || p == nullptr || k >= in.cache_nodes.size() || in.cache_nodes[k].first != p ||
+          in.cache_nodes[k].second != p->version) {
+        same = false;
+        return;
+      }
+      ++k;
+      for (const auto& e : p->entries)
+        if (const auto* sub = std::get_if<TensorDict>(&e.value)) self(self, *sub);
+    };
+    check(check, d);
+    if (same && k == in.cache_nodes.size()) return in.cache;
+  }
+  in.cache_nodes.clear();
   std::vector<std::pair<Key, Tensor*>> all;
   std::vector<std::string> prefix;
   auto walk = [&](auto& self, TensorDict& node) -> void {
+    in.cache_nodes.emplace_back(&node.impl(), node.impl().version);
     for (auto& e : node.impl().entries) {
       prefix.push_back(e.name);
       if (auto* t = std::get_if<Tensor>(&e.value)) {
@@ -489,7 +507,8 @@ const std::vector<LeafRef>& DictAccess::canonical(const TensorDict& cd) {
   in.cache.reserve(all.size());
   for (std::size_t i = 0; i < all.size(); ++i)
     in.cache.push_back({&in.cache_keys[i], all[i].second, hash_key(in.cache_keys[i])});
-  in.cache_epoch = epoch;
+  in.cache_valid = true;
+  ++in.cache_generation;
   return in.cache;
 }
 }  // namespace detail

@@ -77,6 +77,20 @@ TEST_CASE("keys: insertion order, nested, leaves only; canonical order is sorted
   // the cached order follows later structural changes, also deep ones
   d.get_dict("m").set("0", Tensor::zeros({1}, td::DType::Float32));
   CHECK(d.canonical_leaves()[1].first.str() == "m.0");
+  d.get_dict("m").erase("b");
+  CHECK(d.canonical_leaves().size() == 4);
+  // a sub-dict moved out (its entry now holds a moved-from dict) or replaced
+  TensorDict taken = std::move(d.get_dict("m"));
+  CHECK(taken.canonical_leaves().size() == 2);
+  CHECK_THROWS_AS(d.canonical_leaves(), td::Error);  // d still holds the moved-from entry
+  d.set("m", TensorDict());
+  CHECK(d.canonical_leaves().size() == 2);
+  d.get_dict("m") = taken;
+  CHECK(d.canonical_leaves().size() == 4);
+  // other dicts changing do not disturb this one's order
+  TensorDict other;
+  other.set("x", Tensor::zeros({1}, td::DType::Float32));
+  CHECK(d.canonical_leaves()[0].first.str() == "a");
 }
 
 TEST_CASE("clone, apply, flatten/unflatten, select/exclude, update, zero_, equality",
