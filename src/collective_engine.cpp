@@ -232,16 +232,15 @@ std::shared_ptr<LayoutCache> make_layout_cache() { return std::make_shared<Layou
 namespace {
 
 LayoutCache::Snapshot snapshot_of(const Tensor& t) {
-  if (!t.defined()) return {nullptr, nullptr, 0, DType::Float32, {}, {}};
-  if (t.is_sparse()) return {nullptr, &t.values(), 0, t.dtype(), t.shape(), {}};
-  return {TensorAccess::storage(t), nullptr, t.storage_offset(), t.dtype(), t.shape(), t.strides()};
+  return {TensorAccess::storage(t), TensorAccess::sparse_parts(t), TensorAccess::offset(t), TensorAccess::dtype(t),
+          TensorAccess::shape(t), TensorAccess::strides(t)};
 }
 
+// Runs once per leaf per call: plain field reads, no checks, no allocation.
 bool matches(const LayoutCache::Snapshot& s, const Tensor& t) {
-  if (!t.defined()) return s.storage == nullptr && s.sparse == nullptr;
-  if (t.is_sparse()) return s.sparse == &t.values() && s.dtype == t.dtype() && s.shape == t.shape();
-  return s.storage == TensorAccess::storage(t) && s.offset == t.storage_offset() &&
-         s.dtype == t.dtype() && s.shape == t.shape() && s.strides == t.strides();
+  return s.storage == TensorAccess::storage(t) && s.sparse == TensorAccess::sparse_parts(t) &&
+         s.offset == TensorAccess::offset(t) && s.dtype == TensorAccess::dtype(t) &&
+         s.shape == TensorAccess::shape(t) && s.strides == TensorAccess::strides(t);
 }
 
 const Analysis& analyse_cached(std::span<const LeafRef> leaves, LayoutCache* cache, Analysis& scratch) {
@@ -420,39 +419,43 @@ struct BucketMemory {
 };
 
 // Whether a bucket's leaves lie back to back in memory, so it can run on them directly.
+// Whether a bucket's leaves lie back to back in one storage, so it can run on them directly.
+// Runs per bucket per call: unchecked field reads (every slot holds a dense, defined leaf).
 bool contiguous_in_memory(const BucketPlan::Bucket& b, std::span<const LeafRef> leaves) {
   if (b.strided) return false;
-  const auto* first = static_cast<const std::byte*>(leaves[b.slots[0].leaf].tensor->raw_data());
+  const std::size_t isz = itemsize(b.dtype);
+  const Tensor& head = *leaves[b.slots[0].leaf].tensor;
+  const Storage* storage = TensorAccess::storage(head);
+  const std::byte* first = TensorAccess::data(head, isz);
   for (std::size_t s = 1; s < b.slots.size(); ++s) {
     const Tensor& t = *leaves[b.slots[s].leaf].tensor;
-    if (TensorAccess::storage(t) != TensorAccess::storage(*leaves[b.slots[0].leaf].tensor) ||
-        static_cast<const std::byte*>(t.raw_data()) != first + b.slots[s].offset)
-      return false;
+    if (TensorAccess::storage(t) != storage || TensorAccess::data(t, isz) != first + b.slots[s].offset) return false;
   }
   return true;
 }
 
 void pack(const BucketPlan::Bucket& b, std::span<const LeafRef> leaves, std::byte* dst) {
+  const std::size_t isz = itemsize(b.dtype);
   for (const auto& slot : b.slots) {
     const Tensor& t = *leaves[slot.leaf].tensor;
     if (b.strided) {
-      strided_copy(dst + slot.offset, contiguous_strides(t.shape()),
-                   static_cast<const std::byte*>(t.raw_data()), t.strides(), t.shape(),
-                   itemsize(t.dtype()));
+      strided_copy(dst + slot.offset, contiguous_strides(t.shape()), TensorAccess::data(t, isz), t.strides(),
+                   t.shape(), isz);
     } else {
-      std::memcpy(dst + slot.offset, t.raw_data(), slot.nbytes);
+      std::memcpy(dst + slot.offset, TensorAccess::data(t, isz), slot.nbytes);
     }
   }
 }
 
 void unpack(const BucketPlan::Bucket& b, std::span<const LeafRef> leaves, const std::byte* src) {
+  const std::size_t isz = itemsize(b.dtype);
   for (const auto& slot : b.slots) {
-    Tensor& t = *leaves[slot.leaf].tensor;
+    const Tensor& t = *leaves[slot.leaf].tensor;
     if (b.strided) {
-      strided_copy(static_cast<std::byte*>(t.raw_data()), t.strides(), src + slot.offset,
-                   contiguous_strides(t.shape()), t.shape(), itemsize(t.dtype()));
+      strided_copy(TensorAccess::data(t, isz), t.strides(), src + slot.offset, contiguous_strides(t.shape()),
+                   t.shape(), isz);
     } else {
-      std::memcpy(t.raw_data(), src + slot.offset, slot.nbytes);
+      std::memcpy(TensorAccess::data(t, isz), src + slot.offset, slot.nbytes);
     }
   }
 }

@@ -29,6 +29,16 @@ struct SparseParts {
 /// Access to Tensor's private fields for the library's internals.
 struct TensorAccess {
   static const Storage* storage(const Tensor& t) { return t.storage_.get(); }
+  /// Unchecked field reads for the hot loops of the collectives (t must be defined).
+  static const Shape& shape(const Tensor& t) { return t.shape_; }
+  static const Shape& strides(const Tensor& t) { return t.strides_; }
+  static std::int64_t offset(const Tensor& t) { return t.offset_; }
+  static DType dtype(const Tensor& t) { return t.dtype_; }
+  static const void* sparse_parts(const Tensor& t) { return t.sparse_.get(); }
+  /// Address of element [0,...,0] of a dense tensor whose elements are `isz` bytes.
+  static std::byte* data(const Tensor& t, std::size_t isz) {
+    return t.storage_->data + t.offset_ * static_cast<std::int64_t>(isz);
+  }
   /// How many tensors share t's storage (1: no other tensor can alias it).
   static long storage_use_count(const Tensor& t) { return t.storage_.use_count(); }
   /// A contiguous view of `base`'s storage starting at element `offset` (used by consolidate).
