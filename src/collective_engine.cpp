@@ -552,6 +552,11 @@ void run_sync(const BucketPlan& plan, std::span<const LeafRef> leaves, const Col
     direct[b] = contiguous_in_memory(plan.buckets[b], leaves);
     if (!direct[b]) need = std::max(need, plan.buckets[b].nbytes);
   }
+  // TD_SYNC_PIPELINE=1: pack bucket k+1 while bucket k is in flight as a nonblocking collective
+  // (two pack buffers). Off by default: measured here, Open MPI 4.1's nonblocking allreduce is so
+  // much slower than the blocking one that the overlap loses (docs/bucketing.md, benchmarks.md).
+  const bool pipeline = config().sync_pipeline;
+  const std::size_t slots = pipeline ? 2 : 1;
   // The group keeps one pack buffer between calls; a call takes it out while it runs, so two
   // threads calling collectives at once never share it (the second allocates its own).
   std::shared_ptr<Storage> scratch;
@@ -560,8 +565,8 @@ void run_sync(const BucketPlan& plan, std::span<const LeafRef> leaves, const Col
       std::lock_guard lock(g.mu);
       scratch = std::move(g.scratch);
     }
-    if (!scratch || scratch->nbytes < need) scratch = std::make_shared<Storage>(need);
-    note_extra_bytes(need);
+    if (!scratch || scratch->nbytes < need * slots) scratch = std::make_shared<Storage>(need * slots);
+    note_extra_bytes(need * slots);
   }
   struct ReturnScratch {
     GroupState& g;
@@ -572,18 +577,44 @@ void run_sync(const BucketPlan& plan, std::span<const LeafRef> leaves, const Col
       if (!g.scratch || g.scratch->nbytes < s->nbytes) g.scratch = std::move(s);
     }
   } give_back{g, scratch};
+  const bool avg = roles.receives && call.op == ReduceOp::AVG && call.kind != CollectiveKind::Broadcast;
+  auto memory_of = [&](std::size_t b) {
+    const auto& bk = plan.buckets[b];
+    return direct[b] ? TensorAccess::data(*leaves[bk.slots[0].leaf].tensor, itemsize(bk.dtype))
+                     : scratch->data + (b % slots) * need;
+  };
+  auto finish = [&](std::size_t b) {
+    const auto& bk = plan.buckets[b];
+    std::byte* p = memory_of(b);
+    if (avg) divide_in_place(p, static_cast<std::int64_t>(bk.nbytes / itemsize(bk.dtype)), bk.dtype, g.size);
+    if (!direct[b] && roles.receives) unpack(bk, leaves, p);
+  };
+  std::vector<MPI_Request> in_flight;
   for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
     const auto& bk = plan.buckets[b];
-    std::byte* p = direct[b] ? static_cast<std::byte*>(leaves[bk.slots[0].leaf].tensor->raw_data())
-                             : scratch->data;
-    if (!direct[b] && roles.sends) pack(bk, leaves, p);
+    std::byte* p = memory_of(b);
+    if (!direct[b] && roles.sends) pack(bk, leaves, p);  // overlaps bucket b-1 when pipelining
+    if (!pipeline) {
+      for_each_message(bk.nbytes, bk.dtype, plan.max_message_bytes, [&](std::size_t off, int count) {
+        start_or_run(call, g.rank, g.comm, p + off, count, bk.dtype, nullptr);
+      });
+      finish(b);
+      continue;
+    }
+    std::vector<MPI_Request> started;
     for_each_message(bk.nbytes, bk.dtype, plan.max_message_bytes, [&](std::size_t off, int count) {
-      start_or_run(call, g.rank, g.comm, p + off, count, bk.dtype, nullptr);
+      started.push_back(MPI_REQUEST_NULL);
+      start_or_run(call, g.rank, g.comm, p + off, count, bk.dtype, &started.back());
     });
-    if (roles.receives && call.op == ReduceOp::AVG && call.kind != CollectiveKind::Broadcast)
-      divide_in_place(p, static_cast<std::int64_t>(bk.nbytes / itemsize(bk.dtype)), bk.dtype,
-                      g.size);
-    if (!direct[b] && roles.receives) unpack(bk, leaves, p);
+    if (b > 0) {
+      TD_MPI_CHECK(MPI_Waitall(static_cast<int>(in_flight.size()), in_flight.data(), MPI_STATUSES_IGNORE));
+      finish(b - 1);
+    }
+    in_flight = std::move(started);
+  }
+  if (pipeline && !plan.buckets.empty()) {
+    TD_MPI_CHECK(MPI_Waitall(static_cast<int>(in_flight.size()), in_flight.data(), MPI_STATUSES_IGNORE));
+    finish(plan.buckets.size() - 1);
   }
 }
 

@@ -51,6 +51,7 @@ Config read() {
   }
   if (auto v = env("TD_CHECK_LAYOUT")) c.check_layout = parse_bool("TD_CHECK_LAYOUT", *v);
   if (auto v = env("TD_PROGRESS_THREAD")) c.progress_thread = parse_bool("TD_PROGRESS_THREAD", *v);
+  if (auto v = env("TD_SYNC_PIPELINE")) c.sync_pipeline = parse_bool("TD_SYNC_PIPELINE", *v);
   if (auto v = env("TD_AUTOTUNE_CACHE")) c.autotune_cache = parse_bool("TD_AUTOTUNE_CACHE", *v);
   if (auto v = env("TD_PROGRESS_INTERVAL_US"))
     c.progress_interval_us = static_cast<int>(std::min<std::uint64_t>(

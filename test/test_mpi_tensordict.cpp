@@ -226,7 +226,7 @@ TEST_CASE("consolidate: bucketed collectives run on the storage with no pack buf
   td::reset_packer_stats();
   e.all_reduce(ReduceOp::SUM, {.bucket_bytes = 1024});
   CHECK(td::packer_stats().peak_extra_bytes > 0);
-  CHECK(td::packer_stats().peak_extra_bytes <= 1024);
+  CHECK(td::packer_stats().peak_extra_bytes <= 2 * 1024);  // one buffer, two with TD_SYNC_PIPELINE
 }
 
 TEST_CASE(
