@@ -2,6 +2,7 @@
 // rank computes locally.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <optional>
 #include <stdexcept>
 #include <vector>
@@ -60,7 +61,7 @@ Tensor make_leaf(const Spec& s, int who) {
       t = Tensor::empty(s.shape, s.dtype);
     }
     if constexpr (std::is_arithmetic_v<T>) {
-      std::vector<T> v(static_cast<std::size_t>(td::detail::shape_numel_for_test(s.shape)));
+      std::vector<T> v(static_cast<std::size_t>(t.numel()));
       for (std::size_t i = 0; i < v.size(); ++i)
         v[i] = static_cast<T>(value(who, s.id, static_cast<std::int64_t>(i)));
       t.copy_(Tensor::from_vector<T>(v, s.shape));
@@ -110,7 +111,8 @@ struct Variant {
   bool async_op;
   std::optional<std::size_t> bucket_bytes;
 };
-const Variant kVariants[] = {{false, std::nullopt}, {false, 256}, {true, std::nullopt}, {true, 256}};
+const Variant kVariants[] = {
+    {false, std::nullopt}, {false, 256}, {true, std::nullopt}, {true, 256}};
 
 td::CollectiveOptions options(const Variant& v, std::optional<td::ProcessGroup> group = {}) {
   td::CollectiveOptions o;
@@ -121,3 +123,244 @@ td::CollectiveOptions options(const Variant& v, std::optional<td::ProcessGroup> 
 }
 
 }  // namespace
+
+TEST_CASE("all_gather returns every rank's dict", "[exchange]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  for (const auto& v : kVariants) {
+    INFO("async_op=" << v.async_op << " bucket_bytes=" << v.bucket_bytes.value_or(0));
+    const TensorDict mine = make_dict(rank);
+    const std::vector<TensorDict> all = mine.all_gather(options(v));
+    REQUIRE(all.size() == static_cast<std::size_t>(size));
+    for (int r = 0; r < size; ++r) {
+      INFO("from rank " << r);
+      CHECK(is_dict_of(all[static_cast<std::size_t>(r)], r));
+      for (const auto& [key, t] : all[static_cast<std::size_t>(r)].canonical_leaves())
+        CHECK(t.is_contiguous());
+    }
+    CHECK(is_dict_of(mine, rank));  // the input is left alone
+  }
+}
+
+TEST_CASE("all_gather copies a key that aliases another", "[exchange]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  Tensor t = Tensor::full<float>({4}, static_cast<float>(rank + 1));
+  TensorDict d;
+  d.set("a", t);
+  d.set({"b", "c"}, t);
+  const auto all = d.all_gather({.bucket_bytes = 256});
+  REQUIRE(all.size() == static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    const auto& g = all[static_cast<std::size_t>(r)];
+    CHECK(g.get("a").to_vector<float>() == std::vector<float>(4, static_cast<float>(r + 1)));
+    CHECK(g.get({"b", "c"}).to_vector<float>() == std::vector<float>(4, static_cast<float>(r + 1)));
+  }
+}
+
+TEST_CASE("gather delivers every rank's dict to dst only", "[exchange]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  for (const auto& v : kVariants) {
+    for (int dst = 0; dst < size; ++dst) {
+      INFO("dst=" << dst << " async_op=" << v.async_op
+                  << " bucket_bytes=" << v.bucket_bytes.value_or(0));
+      const std::vector<TensorDict> all = make_dict(rank).gather(dst, options(v));
+      if (rank == dst) {
+        REQUIRE(all.size() == static_cast<std::size_t>(size));
+        for (int r = 0; r < size; ++r) CHECK(is_dict_of(all[static_cast<std::size_t>(r)], r));
+      } else {
+        CHECK(all.empty());
+      }
+    }
+  }
+}
+
+TEST_CASE("scatter sends parts[r] to rank r", "[exchange]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  for (const auto& v : kVariants) {
+    for (int src = 0; src < size; ++src) {
+      INFO("src=" << src << " async_op=" << v.async_op
+                  << " bucket_bytes=" << v.bucket_bytes.value_or(0));
+      std::vector<TensorDict> parts;
+      if (rank == src)
+        for (int r = 0; r < size; ++r) parts.push_back(make_dict(r + 10));
+      TensorDict mine = make_dict(-1);
+      const Tensor view = mine.get({"nested", "deep", "t"});  // non-contiguous, filled in place
+      REQUIRE_FALSE(view.is_contiguous());
+      const auto works = mine.scatter(src, parts, options(v));
+      CHECK(works.empty());
+      CHECK(is_dict_of(mine, rank + 10));
+      CHECK(view.shares_storage_with(mine.get({"nested", "deep", "t"})));
+      CHECK(view.to_vector<double>()[1] == value(rank + 10, 2, 1));
+    }
+  }
+}
+
+TEST_CASE("reduce_scatter returns this rank's shard of the reduction", "[exchange]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  const std::int64_t rows = kRows / size;
+  for (const ReduceOp op : {ReduceOp::SUM, ReduceOp::MAX, ReduceOp::AVG}) {
+    const bool floats_only = op == ReduceOp::AVG;
+    for (const auto& v : kVariants) {
+      INFO("op=" << td::name(op) << " async_op=" << v.async_op
+                 << " bucket_bytes=" << v.bucket_bytes.value_or(0));
+      const TensorDict d = make_dict(rank, floats_only);
+      const TensorDict shard = d.reduce_scatter(op, options(v));
+      CHECK(shard.batch_size() == td::Shape{rows});
+      CHECK(shard.get_dict("nested").batch_size() == td::Shape{rows});
+      CHECK(shard.canonical_leaves().size() == specs(floats_only).size());
+      for (const auto& s : specs(floats_only)) {
+        INFO("key " << s.key.str());
+        td::Shape shape = s.shape;
+        shape[0] = rows;
+        const std::int64_t per_row = shape.size() > 1 ? shape[1] : 1;
+        const bool ok = holds(shard, s, shape, [&](std::int64_t i) {
+          const std::int64_t j = rank * rows * per_row + i;  // position in the full leaf
+          double acc = op == ReduceOp::MAX ? value(size - 1, s.id, j) : 0.0;
+          if (op != ReduceOp::MAX)
+            for (int r = 0; r < size; ++r) acc += value(r, s.id, j);
+          return op == ReduceOp::AVG ? acc / size : acc;
+        });
+        CHECK(ok);
+      }
+      CHECK(is_dict_of(d, rank, floats_only));  // the input is left alone
+    }
+  }
+}
+
+TEST_CASE("exchange collectives on a group that leaves ranks out", "[exchange]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  std::vector<int> evens;
+  for (int r = 0; r < size; r += 2) evens.push_back(r);
+  const td::ProcessGroup group = td::new_group(evens);
+  const td::CollectiveOptions opts{.group = group, .bucket_bytes = 256};
+  if (rank % 2 == 0) {
+    const int n = group.size();
+    const auto all = make_dict(rank).all_gather(opts);
+    REQUIRE(all.size() == static_cast<std::size_t>(n));
+    for (int r = 0; r < n; ++r) CHECK(is_dict_of(all[static_cast<std::size_t>(r)], 2 * r));
+
+    const auto at0 = make_dict(rank).gather(0, opts);
+    CHECK(at0.size() == (group.rank() == 0 ? static_cast<std::size_t>(n) : 0u));
+
+    std::vector<TensorDict> parts;
+    if (group.rank() == 0)
+      for (int r = 0; r < n; ++r) parts.push_back(make_dict(r + 20));
+    TensorDict mine = make_dict(-1);
+    mine.scatter(0, parts, opts);
+    CHECK(is_dict_of(mine, group.rank() + 20));
+
+    const TensorDict shard = make_dict(rank).reduce_scatter(ReduceOp::SUM, opts);
+    CHECK(shard.batch_size() == td::Shape{kRows / n});
+
+    if (n > 1) {  // group rank 0 and 1 are world ranks 0 and 2
+      TensorDict got = make_dict(-1);
+      if (group.rank() == 0) make_dict(rank).send(1, opts);
+      if (group.rank() == 1) {
+        got.recv(0, opts);
+        CHECK(is_dict_of(got, 0));
+      }
+    }
+  } else {
+    TensorDict d = make_dict(rank);
+    CHECK_THROWS_AS(d.all_gather(opts), std::invalid_argument);
+    CHECK_THROWS_AS(d.gather(0, opts), std::invalid_argument);
+    CHECK_THROWS_AS(d.scatter(0, {}, opts), std::invalid_argument);
+    CHECK_THROWS_AS(d.reduce_scatter(ReduceOp::SUM, opts), std::invalid_argument);
+    CHECK_THROWS_AS(d.send(0, opts), std::invalid_argument);
+    CHECK_THROWS_AS(d.recv(0, opts), std::invalid_argument);
+  }
+}
+
+TEST_CASE("a layout or argument mismatch on one rank raises on every rank", "[exchange]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  if (size < 2) return;
+  for (const auto& v : kVariants) {
+    INFO("async_op=" << v.async_op << " bucket_bytes=" << v.bucket_bytes.value_or(0));
+    const auto opts = options(v);
+    // Rank 1's "w" has another shape.
+    TensorDict d = make_dict(rank);
+    if (rank == 1) d.set("w", Tensor::zeros({kRows, 4}, DType::Float32));
+    CHECK_THROWS_AS(d.all_gather(opts), td::LayoutMismatchError);
+    CHECK_THROWS_AS(d.gather(0, opts), td::LayoutMismatchError);
+    CHECK_THROWS_AS(d.reduce_scatter(ReduceOp::SUM, opts), td::LayoutMismatchError);
+    std::vector<TensorDict> parts;
+    if (rank == 0)
+      for (int r = 0; r < size; ++r) parts.push_back(make_dict(r + 10));
+    CHECK_THROWS_AS(d.scatter(0, parts, opts), td::LayoutMismatchError);
+    if (rank != 1) CHECK(is_dict_of(d, rank));  // nothing moved
+
+    // A part with another layout on src: every rank fails, nothing moves.
+    TensorDict e = make_dict(-1);
+    if (rank == 0) parts[1].set("w", Tensor::zeros({kRows, 4}, DType::Float32));
+    CHECK_THROWS_AS(e.scatter(0, parts, opts), std::invalid_argument);
+    // Too few parts.
+    if (rank == 0) parts.pop_back();
+    CHECK_THROWS_AS(e.scatter(0, parts, opts), std::invalid_argument);
+    CHECK(is_dict_of(e, -1));
+
+    // A first dimension the group size does not divide.
+    TensorDict f;
+    f.set({"x", "y"}, Tensor::zeros({size + 1}, DType::Float32));
+    try {
+      f.reduce_scatter(ReduceOp::SUM, opts);
+      FAIL("reduce_scatter did not throw");
+    } catch (const std::invalid_argument& err) {
+      CHECK_THAT(err.what(), Catch::Matchers::Contains("x.y"));
+    }
+    // An out-of-range root.
+    CHECK_THROWS_AS(d.gather(size, opts), std::invalid_argument);
+  }
+}
+
+TEST_CASE("send and recv around a ring keep back-to-back transfers apart", "[exchange]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  TensorDict d = make_dict(rank);
+  CHECK_THROWS_AS(d.send(rank), std::invalid_argument);
+  CHECK_THROWS_AS(d.recv(size), std::invalid_argument);
+  CHECK_THROWS_AS(d.recv(-1), std::invalid_argument);
+  if (size < 2) return;
+  const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+  for (const bool async_op : {false, true}) {
+    INFO("async_op=" << async_op);
+    const td::CollectiveOptions opts{.async_op = async_op};
+    // Two dicts of one layout to the same peer, back to back: they must not mix.
+    TensorDict first = make_dict(rank), second = make_dict(rank + 50);
+    TensorDict got_first = make_dict(-1), got_second = make_dict(-1);
+    auto send_both = [&] {
+      CHECK(first.send(next, opts).empty());
+      CHECK(second.send(next, opts).empty());
+    };
+    auto recv_both = [&] {
+      CHECK(got_first.recv(prev, opts).empty());
+      CHECK(got_second.recv(prev, opts).empty());
+    };
+    // Blocking calls: even ranks send first, odd ranks receive first (no cycle of waits).
+    if (rank % 2 == 0) {
+      send_both();
+      recv_both();
+    } else {
+      recv_both();
+      send_both();
+    }
+    CHECK(is_dict_of(got_first, prev));
+    CHECK(is_dict_of(got_second, prev + 50));
+    CHECK(is_dict_of(first, rank));
+  }
+}
+
+TEST_CASE("send to a receiver of another layout fails on both sides", "[exchange]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  if (size < 2) return;
+  if (rank == 0) {
+    const TensorDict d = make_dict(0);
+    TensorDict copy = d;
+    CHECK_THROWS_AS(copy.send(1), td::LayoutMismatchError);
+    copy.send(1);  // the next transfer to the same peer still pairs up
+  } else if (rank == 1) {
+    TensorDict other = make_dict(-1);
+    other.set("extra", Tensor::zeros({kRows}, DType::Float32));
+    CHECK_THROWS_AS(other.recv(0), td::LayoutMismatchError);
+    TensorDict got = make_dict(-1);
+    got.recv(0);
+    CHECK(is_dict_of(got, 0));
+  }
+}
