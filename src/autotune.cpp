@@ -128,10 +128,12 @@ TunedBuckets measure(GroupState& g) {
   log_info([&] {
     std::string ladder;
     for (std::size_t i = 0; i < kLadder.size(); ++i)
-      ladder += fmt::format(" {}KiB:{:.3f}/{:.3f}ms", kLadder[i] >> 10, times[i] * 1e3, bare[i] * 1e3);
-    return fmt::format("auto buckets: cap {} KiB, leaves of {} KiB or more sent alone (per size: packed cycle / "
-                       "bare allreduce{})",
-                       out.cap >> 10, out.direct_bytes >> 10, ladder);
+      ladder +=
+          fmt::format(" {}KiB:{:.3f}/{:.3f}ms", kLadder[i] >> 10, times[i] * 1e3, bare[i] * 1e3);
+    return fmt::format(
+        "auto buckets: cap {} KiB, leaves of {} KiB or more sent alone (per size: packed cycle / "
+        "bare allreduce{})",
+        out.cap >> 10, out.direct_bytes >> 10, ladder);
   });
   return out;
 }

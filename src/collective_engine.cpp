@@ -232,8 +232,8 @@ std::shared_ptr<LayoutCache> make_layout_cache() { return std::make_shared<Layou
 namespace {
 
 LayoutCache::Snapshot snapshot_of(const Tensor& t) {
-  return {TensorAccess::storage(t), TensorAccess::sparse_parts(t), TensorAccess::offset(t), TensorAccess::dtype(t),
-          TensorAccess::shape(t), TensorAccess::strides(t)};
+  return {TensorAccess::storage(t), TensorAccess::sparse_parts(t), TensorAccess::offset(t),
+          TensorAccess::dtype(t),   TensorAccess::shape(t),        TensorAccess::strides(t)};
 }
 
 // Runs once per leaf per call: plain field reads, no checks, no allocation.
@@ -243,7 +243,8 @@ bool matches(const LayoutCache::Snapshot& s, const Tensor& t) {
          s.shape == TensorAccess::shape(t) && s.strides == TensorAccess::strides(t);
 }
 
-const Analysis& analyse_cached(std::span<const LeafRef> leaves, LayoutCache* cache, Analysis& scratch) {
+const Analysis& analyse_cached(std::span<const LeafRef> leaves, LayoutCache* cache,
+                               Analysis& scratch) {
   const std::uint64_t generation = cache ? cache->generation_now : 0;
   if (!cache) {
     scratch = analyse_layout(leaves);
@@ -429,7 +430,9 @@ bool contiguous_in_memory(const BucketPlan::Bucket& b, std::span<const LeafRef> 
   const std::byte* first = TensorAccess::data(head, isz);
   for (std::size_t s = 1; s < b.slots.size(); ++s) {
     const Tensor& t = *leaves[b.slots[s].leaf].tensor;
-    if (TensorAccess::storage(t) != storage || TensorAccess::data(t, isz) != first + b.slots[s].offset) return false;
+    if (TensorAccess::storage(t) != storage ||
+        TensorAccess::data(t, isz) != first + b.slots[s].offset)
+      return false;
   }
   return true;
 }
@@ -439,8 +442,8 @@ void pack(const BucketPlan::Bucket& b, std::span<const LeafRef> leaves, std::byt
   for (const auto& slot : b.slots) {
     const Tensor& t = *leaves[slot.leaf].tensor;
     if (b.strided) {
-      strided_copy(dst + slot.offset, contiguous_strides(t.shape()), TensorAccess::data(t, isz), t.strides(),
-                   t.shape(), isz);
+      strided_copy(dst + slot.offset, contiguous_strides(t.shape()), TensorAccess::data(t, isz),
+                   t.strides(), t.shape(), isz);
     } else {
       std::memcpy(dst + slot.offset, TensorAccess::data(t, isz), slot.nbytes);
     }
@@ -452,8 +455,8 @@ void unpack(const BucketPlan::Bucket& b, std::span<const LeafRef> leaves, const 
   for (const auto& slot : b.slots) {
     const Tensor& t = *leaves[slot.leaf].tensor;
     if (b.strided) {
-      strided_copy(TensorAccess::data(t, isz), t.strides(), src + slot.offset, contiguous_strides(t.shape()),
-                   t.shape(), isz);
+      strided_copy(TensorAccess::data(t, isz), t.strides(), src + slot.offset,
+                   contiguous_strides(t.shape()), t.shape(), isz);
     } else {
       std::memcpy(TensorAccess::data(t, isz), src + slot.offset, slot.nbytes);
     }
@@ -565,7 +568,8 @@ void run_sync(const BucketPlan& plan, std::span<const LeafRef> leaves, const Col
       std::lock_guard lock(g.mu);
       scratch = std::move(g.scratch);
     }
-    if (!scratch || scratch->nbytes < need * slots) scratch = std::make_shared<Storage>(need * slots);
+    if (!scratch || scratch->nbytes < need * slots)
+      scratch = std::make_shared<Storage>(need * slots);
     note_extra_bytes(need * slots);
   }
   struct ReturnScratch {
@@ -577,7 +581,8 @@ void run_sync(const BucketPlan& plan, std::span<const LeafRef> leaves, const Col
       if (!g.scratch || g.scratch->nbytes < s->nbytes) g.scratch = std::move(s);
     }
   } give_back{g, scratch};
-  const bool avg = roles.receives && call.op == ReduceOp::AVG && call.kind != CollectiveKind::Broadcast;
+  const bool avg =
+      roles.receives && call.op == ReduceOp::AVG && call.kind != CollectiveKind::Broadcast;
   auto memory_of = [&](std::size_t b) {
     const auto& bk = plan.buckets[b];
     return direct[b] ? TensorAccess::data(*leaves[bk.slots[0].leaf].tensor, itemsize(bk.dtype))
@@ -586,7 +591,9 @@ void run_sync(const BucketPlan& plan, std::span<const LeafRef> leaves, const Col
   auto finish = [&](std::size_t b) {
     const auto& bk = plan.buckets[b];
     std::byte* p = memory_of(b);
-    if (avg) divide_in_place(p, static_cast<std::int64_t>(bk.nbytes / itemsize(bk.dtype)), bk.dtype, g.size);
+    if (avg)
+      divide_in_place(p, static_cast<std::int64_t>(bk.nbytes / itemsize(bk.dtype)), bk.dtype,
+                      g.size);
     if (!direct[b] && roles.receives) unpack(bk, leaves, p);
   };
   std::vector<MPI_Request> in_flight;
@@ -595,9 +602,10 @@ void run_sync(const BucketPlan& plan, std::span<const LeafRef> leaves, const Col
     std::byte* p = memory_of(b);
     if (!direct[b] && roles.sends) pack(bk, leaves, p);  // overlaps bucket b-1 when pipelining
     if (!pipeline) {
-      for_each_message(bk.nbytes, bk.dtype, plan.max_message_bytes, [&](std::size_t off, int count) {
-        start_or_run(call, g.rank, g.comm, p + off, count, bk.dtype, nullptr);
-      });
+      for_each_message(bk.nbytes, bk.dtype, plan.max_message_bytes,
+                       [&](std::size_t off, int count) {
+                         start_or_run(call, g.rank, g.comm, p + off, count, bk.dtype, nullptr);
+                       });
       finish(b);
       continue;
     }
@@ -607,13 +615,15 @@ void run_sync(const BucketPlan& plan, std::span<const LeafRef> leaves, const Col
       start_or_run(call, g.rank, g.comm, p + off, count, bk.dtype, &started.back());
     });
     if (b > 0) {
-      TD_MPI_CHECK(MPI_Waitall(static_cast<int>(in_flight.size()), in_flight.data(), MPI_STATUSES_IGNORE));
+      TD_MPI_CHECK(
+          MPI_Waitall(static_cast<int>(in_flight.size()), in_flight.data(), MPI_STATUSES_IGNORE));
       finish(b - 1);
     }
     in_flight = std::move(started);
   }
   if (pipeline && !plan.buckets.empty()) {
-    TD_MPI_CHECK(MPI_Waitall(static_cast<int>(in_flight.size()), in_flight.data(), MPI_STATUSES_IGNORE));
+    TD_MPI_CHECK(
+        MPI_Waitall(static_cast<int>(in_flight.size()), in_flight.data(), MPI_STATUSES_IGNORE));
     finish(plan.buckets.size() - 1);
   }
 }
@@ -898,8 +908,7 @@ std::vector<Work> TensorDict::reduce(int dst, ReduceOp op, const CollectiveOptio
   detail::LayoutCache& cache = detail::DictAccess::layout_cache(*this);
   cache.generation_now = detail::DictAccess::canonical_generation(*this);
   return detail::run_collective(
-      leaves, {detail::CollectiveKind::Reduce, op, dst, "TensorDict.reduce", true}, opts,
-      &cache);
+      leaves, {detail::CollectiveKind::Reduce, op, dst, "TensorDict.reduce", true}, opts, &cache);
 }
 std::vector<Work> TensorDict::broadcast(int src, const CollectiveOptions& opts) {
   const auto& leaves = detail::DictAccess::canonical(*this);

@@ -3,8 +3,8 @@
 // group, then the bucket plan) and move each bucket with one blocking MPI call; the agreement has
 // already made sure that every rank of the group joined, so the data calls cannot wait for a rank
 // that never comes. send / recv agree on the layout with a handshake between the two ranks.
+#include <algorithm>
 #include <climits>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "collective_engine.hpp"
 #include "tensordict/tensor_dict.hpp"
