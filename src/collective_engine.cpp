@@ -552,7 +552,7 @@ void run_sync(const BucketPlan& plan, std::span<const LeafRef> leaves, const Col
   std::size_t need = 0;
   std::vector<char> direct(plan.buckets.size());
   for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
-    direct[b] = contiguous_in_memory(plan.buckets[b], leaves);
+    direct[b] = static_cast<char>(contiguous_in_memory(plan.buckets[b], leaves));
     if (!direct[b]) need = std::max(need, plan.buckets[b].nbytes);
   }
   // TD_SYNC_PIPELINE=1: pack bucket k+1 while bucket k is in flight as a nonblocking collective

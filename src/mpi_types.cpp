@@ -107,8 +107,7 @@ void free_mpi_types() {
 
 MPI_Datatype mpi_datatype(DType dtype) {
   switch (dtype) {
-    case DType::Bool:
-      return MPI_UINT8_T;  // 0/1 bytes: MAX = or, MIN = and, bitwise ops exact
+    case DType::Bool:  // 0/1 bytes: MAX = or, MIN = and, bitwise ops exact
     case DType::UInt8:
       return MPI_UINT8_T;
     case DType::Int8:

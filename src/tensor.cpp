@@ -302,6 +302,8 @@ bool Tensor::equal(const Tensor& other) const {
 
 // ---- sparse -----------------------------------------------------------------------------
 
+// The contract's signature takes the parts by value (tensors are cheap handles).
+// NOLINTNEXTLINE(performance-unnecessary-value-param)
 Tensor Tensor::sparse_coo(Tensor indices, Tensor values, Shape shape) {
   if (!indices.defined() || !values.defined())
     throw std::invalid_argument("sparse_coo: undefined indices or values");

@@ -39,7 +39,7 @@ enum class DType : std::uint8_t {
 
 /// Number of dtypes in the enum.
 inline constexpr std::size_t kNumDTypes = 0
-#define TD_DTYPE_COUNT(e, T, n) +1
+#define TD_DTYPE_COUNT(e, T, n) +1  // NOLINT(bugprone-macro-parentheses): one term of a sum
     TD_FOR_EACH_DTYPE(TD_DTYPE_COUNT)
 #undef TD_DTYPE_COUNT
     ;

@@ -147,7 +147,9 @@ TD_API std::ostream& operator<<(std::ostream& os, const Tensor& t);
 
 // ---- template definitions ---------------------------------------------------------------
 
+// The contract's signature takes the shape by value; it is moved on.
 template <class T>
+// NOLINTNEXTLINE(performance-unnecessary-value-param)
 Tensor Tensor::full(Shape shape, T value) {
   Tensor t = empty(std::move(shape), dtype_of<T>);
   T* p = t.data<T>();
