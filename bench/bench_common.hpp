@@ -643,6 +643,30 @@ struct WorkloadResult {
   }
 };
 
+/// Time of f() on this rank, started after a barrier, as the maximum over the world's ranks.
+template <class F>
+double timed_max_over_ranks(F&& f) {
+  td::barrier();
+  const double start = MPI_Wtime();
+  f();
+  double t = MPI_Wtime() - start;
+  MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return t;
+}
+
+/// Parses a small benchmark's command line; on --help or an error, finalizes and returns the
+/// exit code for main to return.
+inline std::optional<int> parse_or_exit(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    td::destroy_process_group();
+    return rc;
+  }
+  return std::nullopt;
+}
+
 inline double median_of(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());

@@ -32,19 +32,6 @@ void idle_for(double seconds) {
   std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
 }
 
-double max_over_ranks(double t) {
-  MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return t;
-}
-
-template <class F>
-double timed(F&& f) {
-  td::barrier();
-  const double start = MPI_Wtime();
-  f();
-  return max_over_ranks(MPI_Wtime() - start);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -54,13 +41,7 @@ int main(int argc, char** argv) {
   std::string workload = "transformer";
   app.add_option("--rounds", rounds, "timed rounds per variant")->check(CLI::PositiveNumber);
   app.add_option("--workload", workload, "tiny, small, transformer, large or mixed");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
-    td::destroy_process_group();
-    return rc;
-  }
+  if (auto rc = td_bench::parse_or_exit(app, argc, argv)) return *rc;
   const int rank = td::get_rank(), size = td::get_world_size();
   const auto w = td_bench::make_workload(workload, td::DType::Float32);
   td::TensorDict d = td_bench::build_dict(w, false);
@@ -74,11 +55,12 @@ int main(int argc, char** argv) {
 
   // Calibrate the compute to last as long as the communication alone.
   std::vector<double> c;
-  for (int i = 0; i < 7; ++i) c.push_back(timed(comm));
+  for (int i = 0; i < 7; ++i) c.push_back(td_bench::timed_max_over_ranks(comm));
   const double t_comm_est = td_bench::median_of(c);
   std::int64_t iters = 2000;
   std::vector<double> probes;
-  for (int i = 0; i < 3; ++i) probes.push_back(timed([&] { compute(iters); }));
+  for (int i = 0; i < 3; ++i)
+    probes.push_back(td_bench::timed_max_over_ranks([&] { compute(iters); }));
   iters =
       std::max<std::int64_t>(1, static_cast<std::int64_t>(static_cast<double>(iters) * t_comm_est /
                                                           td_bench::median_of(probes)));
@@ -91,7 +73,7 @@ int main(int argc, char** argv) {
   Series cpu, wait;
   auto overlapped = [&](bool progress, const std::function<void()>& work) {
     td::set_async_progress(progress);
-    return timed([&] {
+    return td_bench::timed_max_over_ranks([&] {
       auto works = d.all_reduce(td::ReduceOp::SUM, async);
       work();
       td::wait_all(works);
@@ -101,11 +83,11 @@ int main(int argc, char** argv) {
   const std::function<void()> idle_work = [&] { idle_for(t_comm_est); };
   for (int r = 0; r < rounds; ++r) {
     td::set_async_progress(true);
-    t_comm.push_back(timed(comm));
-    cpu.alone.push_back(timed(cpu_work));
+    t_comm.push_back(td_bench::timed_max_over_ranks(comm));
+    cpu.alone.push_back(td_bench::timed_max_over_ranks(cpu_work));
     cpu.prog.push_back(overlapped(true, cpu_work));
     cpu.noprog.push_back(overlapped(false, cpu_work));
-    wait.alone.push_back(timed(idle_work));
+    wait.alone.push_back(td_bench::timed_max_over_ranks(idle_work));
     wait.prog.push_back(overlapped(true, idle_work));
     wait.noprog.push_back(overlapped(false, idle_work));
     if (rank == 0) std::fprintf(stderr, "\r[bench_overlap] round %d/%d", r + 1, rounds);

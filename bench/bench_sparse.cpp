@@ -31,16 +31,6 @@ td::Tensor embedding_grad(std::int64_t rows, std::int64_t dim, std::int64_t touc
                                 td::Tensor::from_vector<float>(vals), {rows, dim});
 }
 
-template <class F>
-double timed(F&& f) {
-  td::barrier();
-  const double start = MPI_Wtime();
-  f();
-  double t = MPI_Wtime() - start;
-  MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return t;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -53,13 +43,7 @@ int main(int argc, char** argv) {
   app.add_option("--touched", touched, "rows each rank's gradient touches")
       ->check(CLI::PositiveNumber);
   app.add_option("--rounds", rounds, "timed rounds per variant")->check(CLI::PositiveNumber);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
-    td::destroy_process_group();
-    return rc;
-  }
+  if (auto rc = td_bench::parse_or_exit(app, argc, argv)) return *rc;
   const int rank = td::get_rank(), size = td::get_world_size();
   const td::Tensor grad = embedding_grad(rows, dim, touched, rank);
 
@@ -79,15 +63,15 @@ int main(int argc, char** argv) {
   std::vector<double> t_sparse, t_densify, t_dense_only;
   td::Tensor dense_table = grad.to_dense();
   for (int r = 0; r < rounds; ++r) {
-    t_sparse.push_back(timed([&] {
+    t_sparse.push_back(td_bench::timed_max_over_ranks([&] {
       td::Tensor s = grad;
       td::all_reduce(s);
     }));
-    t_densify.push_back(timed([&] {
+    t_densify.push_back(td_bench::timed_max_over_ranks([&] {
       td::Tensor d = grad.to_dense();
       td::all_reduce(d);
     }));
-    t_dense_only.push_back(timed([&] { td::all_reduce(dense_table); }));
+    t_dense_only.push_back(td_bench::timed_max_over_ranks([&] { td::all_reduce(dense_table); }));
     if (rank == 0) std::fprintf(stderr, "\r[bench_sparse] round %d/%d", r + 1, rounds);
   }
   if (rank == 0) {
