@@ -560,6 +560,7 @@ void run_sync(const BucketPlan& plan, std::span<const LeafRef> leaves, const Col
   // much slower than the blocking one that the overlap loses (docs/bucketing.md, benchmarks.md).
   const bool pipeline = config().sync_pipeline;
   const std::size_t slots = pipeline ? 2 : 1;
+  const std::size_t stride = (need + 63) / 64 * 64;  // each slot starts aligned for any dtype
   // The group keeps one pack buffer between calls; a call takes it out while it runs, so two
   // threads calling collectives at once never share it (the second allocates its own).
   std::shared_ptr<Storage> scratch;
@@ -568,9 +569,9 @@ void run_sync(const BucketPlan& plan, std::span<const LeafRef> leaves, const Col
       std::lock_guard lock(g.mu);
       scratch = std::move(g.scratch);
     }
-    if (!scratch || scratch->nbytes < need * slots)
-      scratch = std::make_shared<Storage>(need * slots);
-    note_extra_bytes(need * slots);
+    if (!scratch || scratch->nbytes < stride * slots)
+      scratch = std::make_shared<Storage>(stride * slots);
+    note_extra_bytes(stride * slots);
   }
   struct ReturnScratch {
     GroupState& g;
@@ -586,7 +587,7 @@ void run_sync(const BucketPlan& plan, std::span<const LeafRef> leaves, const Col
   auto memory_of = [&](std::size_t b) {
     const auto& bk = plan.buckets[b];
     return direct[b] ? TensorAccess::data(*leaves[bk.slots[0].leaf].tensor, itemsize(bk.dtype))
-                     : scratch->data + (b % slots) * need;
+                     : scratch->data + (b % slots) * stride;
   };
   auto finish = [&](std::size_t b) {
     const auto& bk = plan.buckets[b];
