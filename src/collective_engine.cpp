@@ -481,17 +481,6 @@ Roles roles_of(const CollectiveCall& call, int rank) {
   }
 }
 
-// Calls f(byte offset, element count) for each message of a bucket.
-template <class F>
-void for_each_message(std::size_t nbytes, DType dtype, std::size_t max_message_bytes, F&& f) {
-  const std::size_t isz = itemsize(dtype);
-  const std::size_t per =
-      std::max<std::size_t>(1, std::min<std::size_t>(max_message_bytes / isz, INT_MAX));
-  const std::size_t total = nbytes / isz;
-  for (std::size_t first = 0; first < total; first += per)
-    f(first * isz, static_cast<int>(std::min(per, total - first)));
-}
-
 void start_or_run(const CollectiveCall& call, int rank, MPI_Comm comm, std::byte* p, int count,
                   DType dtype, MPI_Request* req) {
   const MPI_Datatype type = mpi_datatype(dtype);

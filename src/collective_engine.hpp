@@ -1,6 +1,8 @@
 // The one path every collective takes: leaves -> layout agreement -> bucket plan -> MPI.
 #pragma once
 
+#include <algorithm>
+#include <climits>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -65,6 +67,18 @@ PreparedCollective prepare_collective(std::span<const LeafRef> leaves, const Col
                                       const CollectiveOptions& opts,
                                       std::string extra_arg_error = {},
                                       LayoutCache* cache = nullptr);
+
+/// Calls f(byte offset, element count) for each message of a bucket of `nbytes` bytes: messages of
+/// at most max_message_bytes, and never more than INT_MAX elements.
+template <class F>
+void for_each_message(std::size_t nbytes, DType dtype, std::size_t max_message_bytes, F&& f) {
+  const std::size_t isz = itemsize(dtype);
+  const std::size_t per =
+      std::max<std::size_t>(1, std::min<std::size_t>(max_message_bytes / isz, INT_MAX));
+  const std::size_t total = nbytes / isz;
+  for (std::size_t first = 0; first < total; first += per)
+    f(first * isz, static_cast<int>(std::min(per, total - first)));
+}
 
 /// Copies a bucket's leaves into `dst` (bucket.nbytes bytes), strided leaves included.
 void pack_bucket(const BucketPlan::Bucket& bucket, std::span<const LeafRef> leaves, std::byte* dst);

@@ -86,10 +86,15 @@ void wait_until(MPI_Request& req, std::chrono::steady_clock::time_point deadline
 class WorkState {
  public:
   std::vector<MPI_Request> requests;
-  std::function<void()> finish;           // runs once after every request completed
-  std::shared_ptr<Storage> buffer;        // packed bucket, if any
-  std::vector<Tensor> keep_alive;         // leaves the requests read or write
-  std::function<std::string()> describe;  // "all_reduce of bucket 2 (float32, ...)" for errors
+  std::function<void()> finish;  // runs once after every request completed
+  // A next phase, if any: runs (under the state's lock) once every request completed, may post
+  // new requests into `requests` (the operation then waits for them, and may set `then` again)
+  // or throw (the operation fails with that error; finish() does not run).
+  std::function<void(WorkState&)> then;
+  std::shared_ptr<Storage> buffer;          // packed bucket, if any
+  std::vector<Tensor> keep_alive;           // leaves the requests read or write
+  std::vector<std::shared_ptr<void>> held;  // other memory the requests touch
+  std::function<std::string()> describe;    // "all_reduce of bucket 2 (float32, ...)" for errors
   std::chrono::steady_clock::time_point deadline;
 
   /// Tests the requests (non-blocking); runs finish() once all completed.

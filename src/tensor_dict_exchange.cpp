@@ -1,13 +1,14 @@
-// Point-to-point and gather/scatter collectives of TensorDict: send / recv, all_gather / gather,
-// scatter and reduce_scatter. The collectives take the engine's path (layout agreement across the
-// group, then the bucket plan) and move each bucket with one blocking MPI call; the agreement has
-// already made sure that every rank of the group joined, so the data calls cannot wait for a rank
-// that never comes. send / recv agree on the layout with a handshake between the two ranks.
+// Gather/scatter collectives of TensorDict: all_gather / gather, scatter and reduce_scatter.
+// They take the engine's path (layout agreement across the group, then the bucket plan) and move
+// each bucket with one MPI call; the agreement has already made sure that every rank of the group
+// joined, so the data calls cannot wait for a rank that never comes.
 #include <algorithm>
 #include <climits>
+#include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,10 +40,6 @@ int mpi_count(std::size_t count, std::string_view what) {
   return static_cast<int>(count);
 }
 
-std::unique_ptr<std::byte[]> buffer(std::size_t nbytes) {
-  return std::make_unique_for_overwrite<std::byte[]>(nbytes);
-}
-
 // What is wrong with `part` as a dict of `layout`'s layout (keys, dtypes, shapes), or "".
 std::string layout_difference(const std::vector<LeafRef>& layout,
                               const std::vector<LeafRef>& part) {
@@ -64,253 +61,310 @@ std::string layout_difference(const std::vector<LeafRef>& layout,
   return {};
 }
 
-// Leaves the plan skipped because they view exactly the elements of an earlier leaf: in a dict
-// built by clone() they are separate tensors, so they get a copy of that leaf's result.
-void copy_aliases(const BucketPlan& plan, const std::vector<LeafRef>& local,
-                  const std::vector<LeafRef>& out) {
-  for (std::size_t i : plan.skipped_leaves) {
-    const Tensor& t = *local[i].tensor;
-    if (t.numel() == 0) continue;
-    for (std::size_t j = 0; j < i; ++j) {
-      const Tensor& o = *local[j].tensor;
-      if (o.defined() && !o.is_sparse() && o.shares_storage_with(t) &&
-          o.storage_offset() == t.storage_offset() && o.dtype() == t.dtype() &&
-          o.shape() == t.shape() && o.strides() == t.strides()) {
-        out[i].tensor->copy_(*out[j].tensor);
-        break;
-      }
-    }
+// Index of an earlier leaf viewing exactly the elements of leaf i (an alias the plan skips), or -1.
+std::int64_t alias_target(std::span<const LeafRef> leaves, std::size_t i) {
+  const Tensor& t = *leaves[i].tensor;
+  if (!t.defined() || t.is_sparse() || t.numel() == 0) return -1;
+  for (std::size_t j = 0; j < i; ++j) {
+    const Tensor& o = *leaves[j].tensor;
+    if (o.defined() && !o.is_sparse() && o.shares_storage_with(t) &&
+        o.storage_offset() == t.storage_offset() && o.dtype() == t.dtype() &&
+        o.shape() == t.shape() && o.strides() == t.strides())
+      return static_cast<std::int64_t>(j);
   }
+  return -1;
 }
 
-// all_gather and gather: every rank's leaves, bucket by bucket, into clones of this dict.
-std::vector<TensorDict> gather_dicts(const TensorDict& self, CollectiveKind kind, int root,
-                                     std::string_view what, const CollectiveOptions& opts) {
-  const std::vector<LeafRef>& leaves = DictAccess::canonical(self);
-  const auto prepared = detail::prepare_collective(
-      leaves, CollectiveCall{kind, ReduceOp::SUM, root, what, /*from_dict=*/true}, opts);
+// A dict of d's structure (sub-dicts included, empty ones too) whose leaves are `by_key[full
+// key]` and whose batch sizes are batch(d's).
+TensorDict rebuild(const TensorDict& d, std::vector<std::string>& prefix,
+                   const std::map<Key, Tensor>& by_key,
+                   const std::function<Shape(const Shape&)>& batch) {
+  TensorDict out(batch(d.batch_size()));
+  for (const Key& k : d.keys()) {
+    prefix.push_back(k.parts().back());
+    if (d.is_dict(k)) {
+      out.set(k, rebuild(d.get_dict(k), prefix, by_key, batch));
+    } else {
+      out.set(k, by_key.at(Key(prefix)));
+    }
+    prefix.pop_back();
+  }
+  return out;
+}
+
+TensorDict rebuild(const TensorDict& d, const std::map<Key, Tensor>& by_key,
+                   const std::function<Shape(const Shape&)>& batch) {
+  std::vector<std::string> prefix;
+  return rebuild(d, prefix, by_key, batch);
+}
+
+// Fresh leaves for the result of a collective: make(i) for each leaf in canonical order, except
+// that an alias of an earlier leaf gets that leaf's result (as in the input).
+std::vector<Tensor> fresh_leaves(std::span<const LeafRef> leaves,
+                                 const std::function<Tensor(const Tensor&)>& make) {
+  std::vector<Tensor> out;
+  out.reserve(leaves.size());
+  for (std::size_t i = 0; i < leaves.size(); ++i) {
+    const std::int64_t j = alias_target(leaves, i);
+    out.push_back(j >= 0 ? out[static_cast<std::size_t>(j)] : make(*leaves[i].tensor));
+  }
+  return out;
+}
+
+std::map<Key, Tensor> by_key(std::span<const LeafRef> leaves, const std::vector<Tensor>& ts) {
+  std::map<Key, Tensor> m;
+  for (std::size_t i = 0; i < leaves.size(); ++i) m.emplace(*leaves[i].key, ts[i]);
+  return m;
+}
+
+// Tensors a pending bucket reads or writes, with LeafRefs over them for pack / unpack (the keys
+// are not needed there). Held by the bucket's Work, so the caller's dicts may go away meanwhile.
+struct Leaves {
+  std::vector<Tensor> tensors;
+  std::vector<LeafRef> refs;
+  explicit Leaves(std::vector<Tensor> ts) : tensors(std::move(ts)) {
+    static const Key kKey("<leaf>");
+    refs.reserve(tensors.size());
+    for (auto& t : tensors) refs.push_back({&kKey, &t, 0});
+  }
+  Leaves(const Leaves&) = delete;
+  Leaves& operator=(const Leaves&) = delete;
+};
+
+std::vector<Tensor> handles(std::span<const LeafRef> leaves) {
+  std::vector<Tensor> out;
+  out.reserve(leaves.size());
+  for (const auto& ref : leaves) out.push_back(*ref.tensor);
+  return out;
+}
+
+std::shared_ptr<detail::Storage> storage(std::size_t nbytes) {
+  return std::make_shared<detail::Storage>(nbytes);
+}
+
+// One bucket's operation: `start` posts its MPI call (blocking when req is null); `st` holds its
+// buffers and its finish step. Sync calls run it at once; async calls hand it to a Work.
+void run_bucket(const std::shared_ptr<detail::WorkState>& st,
+                const std::function<void(MPI_Request*)>& start, bool async_op,
+                std::vector<Work>& works) {
+  if (!async_op) {
+    start(nullptr);
+    if (st->finish) st->finish();
+    return;
+  }
+  st->requests.push_back(MPI_REQUEST_NULL);
+  start(&st->requests.back());
+  detail::progress_add(st);
+  works.emplace_back(st);
+}
+
+std::string bucket_what(std::string_view what, const BucketPlan& plan, std::size_t b,
+                        std::span<const LeafRef> leaves, int size) {
+  const auto& bk = plan.buckets[b];
+  return fmt::format("{} of bucket {} of {} ({}, {} bytes, first key '{}') in a group of {} ranks",
+                     what, b, plan.buckets.size(), name(bk.dtype), bk.nbytes,
+                     leaves[bk.slots[0].leaf].key->str(), size);
+}
+
+std::shared_ptr<detail::WorkState> bucket_state(const detail::PreparedCollective& prepared,
+                                                std::string describe) {
+  auto st = std::make_shared<detail::WorkState>();
+  st->deadline = prepared.deadline;
+  st->describe = [d = std::move(describe)] { return d; };
+  return st;
+}
+
+// Where this rank's bucket comes from: the leaves themselves when they lie back to back, else a
+// packed copy held by the Work.
+const std::byte* send_buffer(const BucketPlan::Bucket& bk, const std::shared_ptr<Leaves>& src,
+                             detail::WorkState& st) {
+  if (detail::bucket_is_contiguous_in_memory(bk, src->refs))
+    return static_cast<const std::byte*>(src->tensors[bk.slots[0].leaf].raw_data());
+  auto buf = storage(bk.nbytes);
+  detail::pack_bucket(bk, src->refs, buf->data);
+  st.held.push_back(buf);
+  return buf->data;
+}
+
+// all_gather and gather, into `into[r]` (rank r's leaves in canonical order) on every rank that
+// receives; `stacked` (if any) holds, per leaf, the [size, ...] tensor whose row r is into[r][i],
+// so a bucket of one leaf is received straight into it.
+std::vector<Work> gather_leaves(std::span<const LeafRef> leaves,
+                                const detail::PreparedCollective& prepared, CollectiveKind kind,
+                                int root, std::string_view what,
+                                std::vector<std::shared_ptr<Leaves>> into,
+                                const std::vector<Tensor>* stacked, bool async_op) {
   const detail::GroupState& g = *prepared.group;
   const BucketPlan& plan = *prepared.plan;
   const bool receives = kind == CollectiveKind::AllGather || g.rank == root;
   const auto size = static_cast<std::size_t>(g.size);
-
-  std::vector<TensorDict> out;
-  std::vector<std::vector<LeafRef>> out_leaves;
-  if (receives) {
-    out.reserve(size);
-    for (std::size_t r = 0; r < size; ++r) out.push_back(self.clone());
-    for (std::size_t r = 0; r < size; ++r) out_leaves.push_back(DictAccess::canonical(out[r]));
-  }
-  for (const auto& bk : plan.buckets) {
+  auto src = std::make_shared<Leaves>(handles(leaves));
+  std::vector<Work> works;
+  for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
+    const auto& bk = plan.buckets[b];
+    auto st = bucket_state(prepared, bucket_what(what, plan, b, leaves, g.size));
+    st->held.push_back(src);
+    const std::byte* send = send_buffer(bk, src, *st);
     const int count = mpi_count(bk.nbytes / itemsize(bk.dtype), what);
     const MPI_Datatype type = detail::mpi_datatype(bk.dtype);
-    std::unique_ptr<std::byte[]> packed;
-    const std::byte* send;
-    if (detail::bucket_is_contiguous_in_memory(bk, leaves)) {
-      send = static_cast<const std::byte*>(leaves[bk.slots[0].leaf].tensor->raw_data());
-    } else {
-      packed = buffer(bk.nbytes);
-      detail::pack_bucket(bk, leaves, packed.get());
-      send = packed.get();
+    std::byte* all = nullptr;
+    if (receives) {
+      const bool direct = stacked && bk.slots.size() == 1 && !bk.strided;
+      if (direct) {
+        Tensor whole = (*stacked)[bk.slots[0].leaf];
+        all = static_cast<std::byte*>(whole.raw_data());
+        st->keep_alive.push_back(std::move(whole));
+      } else {
+        auto buf = storage(size * bk.nbytes);
+        all = buf->data;
+        st->held.push_back(buf);
+        auto bucket = std::make_shared<BucketPlan::Bucket>(bk);
+        st->finish = [bucket, into, all, size] {
+          for (std::size_t r = 0; r < size; ++r)
+            detail::unpack_bucket(*bucket, into[r]->refs, all + r * bucket->nbytes);
+        };
+      }
+      for (const auto& l : into) st->held.push_back(l);
     }
-    std::unique_ptr<std::byte[]> all = receives ? buffer(size * bk.nbytes) : nullptr;
-    if (kind == CollectiveKind::AllGather) {
-      TD_MPI_CHECK(MPI_Allgather(send, count, type, all.get(), count, type, g.comm));
-    } else {
-      TD_MPI_CHECK(MPI_Gather(send, count, type, all.get(), count, type, root, g.comm));
+    const MPI_Comm comm = g.comm;
+    run_bucket(
+        st,
+        [&](MPI_Request* req) {
+          if (kind == CollectiveKind::AllGather) {
+            TD_MPI_CHECK(req ? MPI_Iallgather(send, count, type, all, count, type, comm, req)
+                             : MPI_Allgather(send, count, type, all, count, type, comm));
+          } else {
+            TD_MPI_CHECK(req ? MPI_Igather(send, count, type, all, count, type, root, comm, req)
+                             : MPI_Gather(send, count, type, all, count, type, root, comm));
+          }
+        },
+        async_op, works);
+  }
+  return works;
+}
+
+std::vector<Work> gather_into_list(const TensorDict& self, CollectiveKind kind, int root,
+                                   std::string_view what, std::vector<TensorDict>& out,
+                                   const CollectiveOptions& opts) {
+  const std::vector<LeafRef>& leaves = DictAccess::canonical(self);
+  const auto prepared = detail::prepare_collective(
+      leaves, CollectiveCall{kind, ReduceOp::SUM, root, what, /*from_dict=*/true}, opts);
+  const bool receives = kind == CollectiveKind::AllGather || prepared.group->rank == root;
+  std::vector<TensorDict> dicts;
+  std::vector<std::shared_ptr<Leaves>> into;
+  if (receives) {
+    for (int r = 0; r < prepared.group->size; ++r) {
+      auto ts =
+          fresh_leaves(leaves, [](const Tensor& t) { return Tensor::empty(t.shape(), t.dtype()); });
+      dicts.push_back(rebuild(self, by_key(leaves, ts), [](const Shape& s) { return s; }));
+      into.push_back(std::make_shared<Leaves>(std::move(ts)));
     }
-    if (receives)
-      for (std::size_t r = 0; r < size; ++r)
-        detail::unpack_bucket(bk, out_leaves[r], all.get() + r * bk.nbytes);
   }
-  if (receives)
-    for (std::size_t r = 0; r < size; ++r) copy_aliases(plan, leaves, out_leaves[r]);
-  return out;
-}
-
-// ---- send / recv ---------------------------------------------------------------------------
-
-// A 64-bit FNV-1a fingerprint of the keys, dtypes and shapes in canonical order (never 0, which
-// a sender whose dict cannot be sent uses to make the receiver fail too).
-std::uint64_t fingerprint(const std::vector<LeafRef>& leaves) {
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  auto byte = [&](unsigned char c) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  };
-  auto u64 = [&](std::uint64_t v) {
-    for (int k = 0; k < 8; ++k) byte(static_cast<unsigned char>(v >> (8 * k)));
-  };
-  u64(leaves.size());
-  for (const auto& ref : leaves) {
-    const auto& parts = ref.key->parts();
-    u64(parts.size());
-    for (const auto& p : parts) {
-      u64(p.size());
-      for (char c : p) byte(static_cast<unsigned char>(c));
-    }
-    const Tensor& t = *ref.tensor;
-    byte(static_cast<unsigned char>(t.dtype()));
-    u64(t.shape().size());
-    for (auto s : t.shape()) u64(static_cast<std::uint64_t>(s));
-  }
-  return h == 0 ? 1 : h;
-}
-
-// What makes this dict unfit for send / recv on this rank, or "".
-std::string local_error(const std::vector<LeafRef>& leaves) {
-  for (const auto& ref : leaves) {
-    if (!ref.tensor->defined())
-      return fmt::format("key '{}' holds an undefined tensor", ref.key->str());
-    if (ref.tensor->is_sparse())
-      return fmt::format("key '{}' is a sparse tensor; to_dense() it first", ref.key->str());
-  }
-  return {};
-}
-
-// Calls to one peer are numbered on both sides (the sender's n-th send to a peer meets the
-// peer's n-th recv from it), so each call gets its own tags and two transfers to the same peer
-// from different threads cannot take each other's messages. Kept per group: a group freed and
-// another created at the same address starts again from zero, as its peers do.
-struct PeerCounters {
-  std::weak_ptr<detail::GroupState> group;
-  std::map<std::pair<int, bool>, unsigned> next;  // (peer, we send) -> calls so far
-};
-std::mutex g_tags_mu;
-std::map<const detail::GroupState*, PeerCounters> g_tags;
-
-constexpr int kTagsPerCall = 10000;  // handshake (2), then one tag per leaf (wrapping)
-
-int next_tag_base(const std::shared_ptr<detail::GroupState>& g, int peer, bool sending) {
-  int* ub = nullptr;
-  int flag = 0;
-  TD_MPI_CHECK(MPI_Comm_get_attr(g->comm, MPI_TAG_UB, &ub, &flag));
-  const int tag_ub = flag && ub ? *ub : 32767;
-  const unsigned slots = static_cast<unsigned>(std::max(1, std::min(1000, tag_ub / kTagsPerCall)));
-  std::lock_guard lock(g_tags_mu);
-  std::erase_if(g_tags, [](const auto& e) { return e.second.group.expired(); });
-  PeerCounters& pc = g_tags[g.get()];
-  if (pc.group.lock() != g) pc = PeerCounters{g, {}};
-  const unsigned n = pc.next[{peer, sending}]++;
-  return static_cast<int>(n % slots) * kTagsPerCall;
-}
-
-int leaf_tag(int base, std::size_t leaf) {
-  return base + 2 + static_cast<int>(leaf % (kTagsPerCall - 2));
-}
-
-struct PeerCall {
-  std::shared_ptr<detail::GroupState> group;
-  MPI_Comm comm;
-  int base;  // tag base of this call
-  Clock::time_point deadline;
-};
-
-PeerCall start_peer_call(int peer, std::string_view what, const char* peer_name, bool sending,
-                         const CollectiveOptions& opts) {
-  auto g = detail::group_of(opts);
-  MPI_Comm comm = g->checked_comm(what);
-  if (peer < 0 || peer >= g->size)
-    throw std::invalid_argument(fmt::format("{}: {} {} is out of range for a group of {} ranks",
-                                            what, peer_name, peer, g->size));
-  if (peer == g->rank)
-    throw std::invalid_argument(
-        fmt::format("{}: {} {} is this rank itself", what, peer_name, peer));
-  const int base = next_tag_base(g, peer, sending);
-  return {std::move(g), comm, base, Clock::now() + detail::timeout_of(opts)};
-}
-
-// One small handshake message, honouring the call's timeout (the peer may never come).
-template <class T>
-void handshake(bool send, T value_or_dummy, T* out, int peer, int tag, const PeerCall& c,
-               std::string_view what) {
-  auto buf = std::make_shared<T>(value_or_dummy);
-  MPI_Request req = MPI_REQUEST_NULL;
-  const MPI_Datatype type = sizeof(T) == 8 ? MPI_UINT64_T : MPI_INT;
-  if (send) {
-    TD_MPI_CHECK(MPI_Isend(buf.get(), 1, type, peer, tag, c.comm, &req));
-  } else {
-    TD_MPI_CHECK(MPI_Irecv(buf.get(), 1, type, peer, tag, c.comm, &req));
-  }
-  detail::wait_until(
-      req, c.deadline,
-      [&] {
-        return fmt::format("{}: rank {} of the group of {} did not take part in the handshake",
-                           what, peer, c.group->size);
-      },
-      buf);
-  if (out) *out = *buf;
+  auto works =
+      gather_leaves(leaves, prepared, kind, root, what, std::move(into), nullptr, opts.async_op);
+  out = std::move(dicts);
+  return works;
 }
 
 }  // namespace
 
-// send / recv run synchronously even with async_op (an empty vector: everything is done when
-// they return), which the contract allows.
-std::vector<Work> TensorDict::send(int dst, const CollectiveOptions& opts) {
-  constexpr std::string_view what = "TensorDict.send";
-  const PeerCall c = start_peer_call(dst, what, "dst", /*sending=*/true, opts);
-  const std::vector<LeafRef>& leaves = detail::DictAccess::canonical(*this);
-  const std::string err = local_error(leaves);
-  handshake<std::uint64_t>(true, err.empty() ? fingerprint(leaves) : 0, nullptr, dst, c.base, c,
-                           what);
-  int verdict = 0;
-  handshake<int>(false, 0, &verdict, dst, c.base + 1, c, what);
-  if (!err.empty()) throw std::invalid_argument(fmt::format("{}: {}", what, err));
-  if (verdict != 1)
-    throw LayoutMismatchError(fmt::format(
-        "{}: the receiver's TensorDict (rank {}) does not have the sender's layout (keys, dtypes "
-        "and shapes in sorted key order); nothing was sent",
-        what, dst));
-  for (std::size_t i = 0; i < leaves.size(); ++i) {
-    const Tensor t = leaves[i].tensor->contiguous();
-    if (t.numel() == 0) continue;
-    TD_MPI_CHECK(MPI_Send(t.raw_data(), mpi_count(static_cast<std::size_t>(t.numel()), what),
-                          detail::mpi_datatype(t.dtype()), dst, leaf_tag(c.base, i), c.comm));
-  }
-  return {};
-}
-
-std::vector<Work> TensorDict::recv(int src, const CollectiveOptions& opts) {
-  constexpr std::string_view what = "TensorDict.recv";
-  const PeerCall c = start_peer_call(src, what, "src", /*sending=*/false, opts);
-  const std::vector<LeafRef>& leaves = detail::DictAccess::canonical(*this);
-  const std::string err = local_error(leaves);
-  std::uint64_t theirs = 0;
-  handshake<std::uint64_t>(false, 0, &theirs, src, c.base, c, what);
-  const bool ok = err.empty() && theirs != 0 && theirs == fingerprint(leaves);
-  handshake<int>(true, ok ? 1 : 0, nullptr, src, c.base + 1, c, what);
-  if (!err.empty()) throw std::invalid_argument(fmt::format("{}: {}", what, err));
-  if (theirs == 0)
-    throw LayoutMismatchError(fmt::format(
-        "{}: the sender (rank {}) could not send its TensorDict (see its error); nothing was "
-        "received",
-        what, src));
-  if (!ok)
-    throw LayoutMismatchError(fmt::format(
-        "{}: this TensorDict does not have the sender's (rank {}) layout (keys, dtypes and shapes "
-        "in sorted key order); nothing was received",
-        what, src));
-  for (std::size_t i = 0; i < leaves.size(); ++i) {
-    Tensor& t = *leaves[i].tensor;
-    if (t.numel() == 0) continue;
-    Tensor into = t.is_contiguous() ? t : Tensor::empty(t.shape(), t.dtype());
-    TD_MPI_CHECK(MPI_Recv(into.raw_data(), mpi_count(static_cast<std::size_t>(t.numel()), what),
-                          detail::mpi_datatype(t.dtype()), src, leaf_tag(c.base, i), c.comm,
-                          MPI_STATUS_IGNORE));
-    if (!t.is_contiguous()) t.copy_(into);
-  }
-  return {};
-}
-
-// The gather/scatter collectives below also run synchronously when opts.async_op is set, and
-// scatter then returns an empty vector (completed work), which the contract allows.
-
 std::vector<TensorDict> TensorDict::all_gather(const CollectiveOptions& opts) const {
-  return gather_dicts(*this, CollectiveKind::AllGather, 0, "TensorDict.all_gather", opts);
+  std::vector<TensorDict> out;
+  CollectiveOptions sync = opts;
+  sync.async_op = false;
+  gather_into_list(*this, CollectiveKind::AllGather, 0, "TensorDict.all_gather", out, sync);
+  return out;
+}
+
+std::vector<Work> TensorDict::all_gather(std::vector<TensorDict>& out,
+                                         const CollectiveOptions& opts) const {
+  return gather_into_list(*this, CollectiveKind::AllGather, 0, "TensorDict.all_gather", out, opts);
 }
 
 std::vector<TensorDict> TensorDict::gather(int dst, const CollectiveOptions& opts) const {
-  return gather_dicts(*this, CollectiveKind::Gather, dst, "TensorDict.gather", opts);
+  std::vector<TensorDict> out;
+  CollectiveOptions sync = opts;
+  sync.async_op = false;
+  gather_into_list(*this, CollectiveKind::Gather, dst, "TensorDict.gather", out, sync);
+  return out;
+}
+
+std::vector<Work> TensorDict::gather(int dst, std::vector<TensorDict>& out,
+                                     const CollectiveOptions& opts) const {
+  return gather_into_list(*this, CollectiveKind::Gather, dst, "TensorDict.gather", out, opts);
+}
+
+std::vector<Work> TensorDict::all_gather_stacked(TensorDict& out,
+                                                 const CollectiveOptions& opts) const {
+  constexpr std::string_view what = "TensorDict.all_gather_stacked";
+  const std::vector<LeafRef>& leaves = DictAccess::canonical(*this);
+  const auto prepared = detail::prepare_collective(
+      leaves, CollectiveCall{CollectiveKind::AllGather, ReduceOp::SUM, 0, what, true}, opts);
+  const std::int64_t n = prepared.group->size;
+  auto prepend = [n](const Shape& s) {
+    Shape out{n};
+    out.insert(out.end(), s.begin(), s.end());
+    return out;
+  };
+  std::vector<Tensor> stacked = fresh_leaves(
+      leaves, [&](const Tensor& t) { return Tensor::empty(prepend(t.shape()), t.dtype()); });
+  std::vector<std::shared_ptr<Leaves>> into;
+  for (std::int64_t r = 0; r < n; ++r) {
+    std::vector<Tensor> rows;
+    rows.reserve(stacked.size());
+    for (std::size_t i = 0; i < stacked.size(); ++i)
+      rows.push_back(stacked[i].slice(0, r, r + 1).view(leaves[i].tensor->shape()));
+    into.push_back(std::make_shared<Leaves>(std::move(rows)));
+  }
+  TensorDict result = rebuild(*this, by_key(leaves, stacked), prepend);
+  auto works = gather_leaves(leaves, prepared, CollectiveKind::AllGather, 0, what, std::move(into),
+                             &stacked, opts.async_op);
+  out = std::move(result);
+  return works;
+}
+
+TensorDict TensorDict::all_gather_stacked(const CollectiveOptions& opts) const {
+  TensorDict out;
+  CollectiveOptions sync = opts;
+  sync.async_op = false;
+  all_gather_stacked(out, sync);
+  return out;
+}
+
+TensorDict stack(const std::vector<TensorDict>& dicts) {
+  if (dicts.empty()) throw std::invalid_argument("td::stack: no TensorDict to stack");
+  const std::vector<LeafRef>& first = DictAccess::canonical(dicts[0]);
+  for (std::size_t r = 1; r < dicts.size(); ++r) {
+    const std::string diff = layout_difference(first, DictAccess::canonical(dicts[r]));
+    if (!diff.empty())
+      throw LayoutMismatchError(
+          fmt::format("td::stack: dicts[{}] does not have dicts[0]'s layout: {}", r, diff));
+    if (dicts[r].batch_size() != dicts[0].batch_size())
+      throw LayoutMismatchError(fmt::format("td::stack: dicts[{}] has batch size {}, dicts[0] {}",
+                                            r, shape_str(dicts[r].batch_size()),
+                                            shape_str(dicts[0].batch_size())));
+  }
+  const auto n = static_cast<std::int64_t>(dicts.size());
+  auto prepend = [n](const Shape& s) {
+    Shape out{n};
+    out.insert(out.end(), s.begin(), s.end());
+    return out;
+  };
+  std::vector<Tensor> stacked;
+  for (std::size_t i = 0; i < first.size(); ++i) {
+    const Tensor& t = *first[i].tensor;
+    if (!t.defined() || t.is_sparse())
+      throw std::invalid_argument(fmt::format("td::stack: key '{}' is {}", first[i].key->str(),
+                                              t.defined() ? "sparse" : "undefined"));
+    Tensor s = Tensor::empty(prepend(t.shape()), t.dtype());
+    for (std::int64_t r = 0; r < n; ++r)
+      s.slice(0, r, r + 1)
+          .view(t.shape())
+          .copy_(*DictAccess::canonical(dicts[static_cast<std::size_t>(r)])[i].tensor);
+    stacked.push_back(std::move(s));
+  }
+  return rebuild(dicts[0], by_key(first, stacked), prepend);
 }
 
 std::vector<Work> TensorDict::scatter(int src, const std::vector<TensorDict>& parts,
@@ -320,28 +374,22 @@ std::vector<Work> TensorDict::scatter(int src, const std::vector<TensorDict>& pa
   const auto group = detail::group_of(opts);
   const bool is_src = group->comm != MPI_COMM_NULL && group->rank == src;
 
-  // On src: every part must have this dict's layout; its leaves, contiguous, are what is packed.
+  // On src: every part must have this dict's layout; its leaves are what is packed.
   std::string err;
-  std::vector<std::vector<Tensor>> part_tensors;
-  std::vector<std::vector<LeafRef>> part_leaves;
+  std::vector<std::shared_ptr<Leaves>> from;
   if (is_src) {
     if (parts.size() != static_cast<std::size_t>(group->size)) {
       err = fmt::format("{} parts for a group of {} ranks (one part per rank)", parts.size(),
                         group->size);
     } else {
-      for (std::size_t r = 0; r < parts.size() && err.empty(); ++r) {
+      for (std::size_t r = 0; r < parts.size(); ++r) {
         const std::vector<LeafRef>& pl = DictAccess::canonical(parts[r]);
         const std::string diff = layout_difference(leaves, pl);
         if (!diff.empty()) {
           err = fmt::format("parts[{}] does not have this TensorDict's layout: {}", r, diff);
           break;
         }
-        auto& ts = part_tensors.emplace_back();
-        ts.reserve(pl.size());
-        for (const auto& ref : pl) ts.push_back(ref.tensor->contiguous());
-        auto& refs = part_leaves.emplace_back();
-        for (std::size_t i = 0; i < pl.size(); ++i)
-          refs.push_back({pl[i].key, &ts[i], pl[i].key_hash});
+        from.push_back(std::make_shared<Leaves>(handles(pl)));
       }
     }
   }
@@ -349,58 +397,56 @@ std::vector<Work> TensorDict::scatter(int src, const std::vector<TensorDict>& pa
       leaves, CollectiveCall{CollectiveKind::Scatter, ReduceOp::SUM, src, what, true}, opts,
       std::move(err));
   const detail::GroupState& g = *prepared.group;
+  const BucketPlan& plan = *prepared.plan;
   const auto size = static_cast<std::size_t>(g.size);
-  for (const auto& bk : prepared.plan->buckets) {
+  auto mine = std::make_shared<Leaves>(handles(leaves));
+  std::vector<Work> works;
+  for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
+    const auto& bk = plan.buckets[b];
+    auto st = bucket_state(prepared, bucket_what(what, plan, b, leaves, g.size));
+    st->held.push_back(mine);
     const int count = mpi_count(bk.nbytes / itemsize(bk.dtype), what);
     const MPI_Datatype type = detail::mpi_datatype(bk.dtype);
-    std::unique_ptr<std::byte[]> all;
+    std::byte* all = nullptr;
     if (is_src) {
-      all = buffer(size * bk.nbytes);
+      auto buf = storage(size * bk.nbytes);
+      all = buf->data;
+      st->held.push_back(buf);
       for (std::size_t r = 0; r < size; ++r)
-        detail::pack_bucket(bk, part_leaves[r], all.get() + r * bk.nbytes);
+        detail::pack_bucket(bk, from[r]->refs, all + r * bk.nbytes);
     }
-    const bool direct = detail::bucket_is_contiguous_in_memory(bk, leaves);
-    std::unique_ptr<std::byte[]> mine = direct ? nullptr : buffer(bk.nbytes);
-    std::byte* recv =
-        direct ? static_cast<std::byte*>(leaves[bk.slots[0].leaf].tensor->raw_data()) : mine.get();
-    TD_MPI_CHECK(MPI_Scatter(all.get(), count, type, recv, count, type, src, g.comm));
-    if (!direct) detail::unpack_bucket(bk, leaves, recv);
+    std::byte* recv;
+    if (detail::bucket_is_contiguous_in_memory(bk, mine->refs)) {
+      recv = static_cast<std::byte*>(mine->tensors[bk.slots[0].leaf].raw_data());
+    } else {
+      auto buf = storage(bk.nbytes);
+      recv = buf->data;
+      st->held.push_back(buf);
+      auto bucket = std::make_shared<BucketPlan::Bucket>(bk);
+      st->finish = [bucket, mine, recv] { detail::unpack_bucket(*bucket, mine->refs, recv); };
+    }
+    const MPI_Comm comm = g.comm;
+    run_bucket(
+        st,
+        [&](MPI_Request* req) {
+          TD_MPI_CHECK(req ? MPI_Iscatter(all, count, type, recv, count, type, src, comm, req)
+                           : MPI_Scatter(all, count, type, recv, count, type, src, comm));
+        },
+        opts.async_op, works);
   }
   // Skipped leaves are empty or aliases of an earlier leaf, whose storage they share.
-  return {};
+  return works;
 }
 
-namespace {
-
-// A copy of `d`'s structure whose leaves are `shards` (by full key) and whose batch sizes have
-// their first dimension divided by `size`.
-TensorDict shard_structure(const TensorDict& d, const std::vector<std::string>& prefix,
-                           const std::map<Key, Tensor>& shards, int size) {
-  Shape bs = d.batch_size();
-  if (!bs.empty()) bs[0] /= size;
-  TensorDict out(bs);
-  for (const Key& k : d.keys()) {
-    std::vector<std::string> full = prefix;
-    full.push_back(k.parts().back());
-    if (d.is_dict(k)) {
-      out.set(k, shard_structure(d.get_dict(k), full, shards, size));
-    } else {
-      out.set(k, shards.at(Key(full)));
-    }
-  }
-  return out;
-}
-
-}  // namespace
-
-TensorDict TensorDict::reduce_scatter(ReduceOp op, const CollectiveOptions& opts) const {
+std::vector<Work> TensorDict::reduce_scatter(TensorDict& out, ReduceOp op,
+                                             const CollectiveOptions& opts) const {
   constexpr std::string_view what = "TensorDict.reduce_scatter";
   const std::vector<LeafRef>& leaves = DictAccess::canonical(*this);
   const int group_size = detail::group_of(opts)->size;
   std::string err;
   for (const auto& ref : leaves) {
     const Tensor& t = *ref.tensor;
-    if (!t.defined() || group_size <= 0) continue;  // reported by prepare_collective
+    if (!t.defined() || t.is_sparse() || group_size <= 0) continue;  // prepare_collective says
     if (t.dim() == 0) {
       err = fmt::format("key '{}' is a 0-d tensor, which has no first dimension to split",
                         ref.key->str());
@@ -415,26 +461,90 @@ TensorDict TensorDict::reduce_scatter(ReduceOp op, const CollectiveOptions& opts
       leaves, CollectiveCall{CollectiveKind::ReduceScatter, op, 0, what, true}, opts,
       std::move(err));
   const detail::GroupState& g = *prepared.group;
+  const BucketPlan& plan = *prepared.plan;
+  const auto size = static_cast<std::size_t>(g.size);
 
-  // One MPI_Reduce_scatter_block per leaf, on a contiguous copy (bucketing would interleave the
-  // leaves' shards, so it would need a transposing pack).
-  std::map<Key, Tensor> shards;
-  for (const auto& ref : leaves) {
-    const Tensor& t = *ref.tensor;
-    Shape shape = t.shape();
-    shape[0] /= g.size;
-    Tensor shard = Tensor::empty(shape, t.dtype());
-    if (shard.numel() > 0) {
-      const Tensor in = t.contiguous();
-      TD_MPI_CHECK(MPI_Reduce_scatter_block(
-          in.raw_data(), shard.raw_data(), mpi_count(static_cast<std::size_t>(shard.numel()), what),
-          detail::mpi_datatype(t.dtype()), detail::mpi_op(op, t.dtype()), g.comm));
-      if (op == ReduceOp::AVG)
-        detail::divide_in_place(shard.raw_data(), shard.numel(), t.dtype(), g.size);
+  // This rank's shards: the first dimension divided by the group size.
+  auto shards = std::make_shared<Leaves>(fresh_leaves(leaves, [&](const Tensor& t) {
+    Shape s = t.shape();
+    s[0] /= g.size;
+    return Tensor::empty(s, t.dtype());
+  }));
+  TensorDict result = rebuild(*this, by_key(leaves, shards->tensors), [&](const Shape& s) {
+    Shape b = s;
+    if (!b.empty()) b[0] /= g.size;
+    return b;
+  });
+
+  // A bucket's send buffer is rank-major: rank r's shards of the bucket's leaves, back to back
+  // (slot offsets divided by the group size), so MPI_Reduce_scatter_block hands each rank its
+  // shards packed like the bucket. A bucket of one contiguous leaf is that already.
+  auto src = std::make_shared<Leaves>(handles(leaves));
+  std::vector<Work> works;
+  for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
+    const auto& bk = plan.buckets[b];
+    auto st = bucket_state(prepared, bucket_what(what, plan, b, leaves, g.size));
+    st->held.push_back(src);
+    st->held.push_back(shards);
+    const std::size_t block = bk.nbytes / size;
+    const std::byte* send;
+    if (bk.slots.size() == 1 && !bk.strided) {
+      send = static_cast<const std::byte*>(src->tensors[bk.slots[0].leaf].raw_data());
+    } else {
+      auto buf = storage(bk.nbytes);
+      st->held.push_back(buf);
+      for (const auto& slot : bk.slots) {
+        const Tensor leaf = src->tensors[slot.leaf].contiguous();
+        const auto* from = static_cast<const std::byte*>(leaf.raw_data());
+        const std::size_t piece = slot.nbytes / size;
+        for (std::size_t r = 0; r < size; ++r)
+          std::memcpy(buf->data + r * block + slot.offset / size, from + r * piece, piece);
+      }
+      send = buf->data;
     }
-    shards.emplace(*ref.key, std::move(shard));
+    std::byte* recv;
+    const bool direct = bk.slots.size() == 1;
+    if (direct) {
+      recv = static_cast<std::byte*>(shards->tensors[bk.slots[0].leaf].raw_data());
+    } else {
+      auto buf = storage(block);
+      st->held.push_back(buf);
+      recv = buf->data;
+    }
+    auto bucket = std::make_shared<BucketPlan::Bucket>(bk);
+    const bool avg = op == ReduceOp::AVG;
+    const int divisor = g.size;
+    st->finish = [bucket, shards, recv, block, direct, avg, divisor, size] {
+      if (avg)
+        detail::divide_in_place(recv, static_cast<std::int64_t>(block / itemsize(bucket->dtype)),
+                                bucket->dtype, divisor);
+      if (direct) return;
+      for (const auto& slot : bucket->slots)
+        std::memcpy(shards->tensors[slot.leaf].raw_data(), recv + slot.offset / size,
+                    slot.nbytes / size);
+    };
+    const int count = mpi_count(block / itemsize(bk.dtype), what);
+    const MPI_Datatype type = detail::mpi_datatype(bk.dtype);
+    const MPI_Op mop = detail::mpi_op(op, bk.dtype);
+    const MPI_Comm comm = g.comm;
+    run_bucket(
+        st,
+        [&](MPI_Request* req) {
+          TD_MPI_CHECK(req ? MPI_Ireduce_scatter_block(send, recv, count, type, mop, comm, req)
+                           : MPI_Reduce_scatter_block(send, recv, count, type, mop, comm));
+        },
+        opts.async_op, works);
   }
-  return shard_structure(*this, {}, shards, g.size);
+  out = std::move(result);
+  return works;
+}
+
+TensorDict TensorDict::reduce_scatter(ReduceOp op, const CollectiveOptions& opts) const {
+  TensorDict out;
+  CollectiveOptions sync = opts;
+  sync.async_op = false;
+  reduce_scatter(out, op, sync);
+  return out;
 }
 
 }  // namespace td

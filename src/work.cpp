@@ -60,6 +60,7 @@ bool WorkState::complete_locked() {
   finish = nullptr;
   buffer.reset();
   keep_alive.clear();
+  held.clear();
   return true;
 }
 
@@ -82,6 +83,20 @@ bool WorkState::test() {
     return true;
   }
   if (!done) return false;
+  if (then) {
+    auto next = std::move(then);
+    then = nullptr;
+    requests.clear();
+    try {
+      next(*this);
+    } catch (...) {
+      error_ = std::current_exception();
+      status_ = Status::Failed;
+      finish = nullptr;
+      return true;
+    }
+    if (!requests.empty() || then) return false;  // the next test() looks at the new phase
+  }
   return complete_locked();
 }
 
@@ -107,6 +122,7 @@ WorkState::~WorkState() {
   if (status_ == Status::Pending) {
     leak(std::move(buffer));
     for (auto& t : keep_alive) leak(std::make_shared<Tensor>(std::move(t)));
+    for (auto& h : held) leak(std::move(h));
   }
 }
 

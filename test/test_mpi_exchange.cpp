@@ -185,8 +185,9 @@ TEST_CASE("scatter sends parts[r] to rank r", "[exchange]") {
       TensorDict mine = make_dict(-1);
       const Tensor view = mine.get({"nested", "deep", "t"});  // non-contiguous, filled in place
       REQUIRE_FALSE(view.is_contiguous());
-      const auto works = mine.scatter(src, parts, options(v));
-      CHECK(works.empty());
+      auto works = mine.scatter(src, parts, options(v));
+      CHECK(works.empty() != v.async_op);
+      td::wait_all(works);
       CHECK(is_dict_of(mine, rank + 10));
       CHECK(view.shares_storage_with(mine.get({"nested", "deep", "t"})));
       CHECK(view.to_vector<double>()[1] == value(rank + 10, 2, 1));
@@ -321,29 +322,175 @@ TEST_CASE("send and recv around a ring keep back-to-back transfers apart", "[exc
   const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
   for (const bool async_op : {false, true}) {
     INFO("async_op=" << async_op);
-    const td::CollectiveOptions opts{.async_op = async_op};
-    // Two dicts of one layout to the same peer, back to back: they must not mix.
-    TensorDict first = make_dict(rank), second = make_dict(rank + 50);
-    TensorDict got_first = make_dict(-1), got_second = make_dict(-1);
-    auto send_both = [&] {
-      CHECK(first.send(next, opts).empty());
-      CHECK(second.send(next, opts).empty());
-    };
-    auto recv_both = [&] {
-      CHECK(got_first.recv(prev, opts).empty());
-      CHECK(got_second.recv(prev, opts).empty());
-    };
-    // Blocking calls: even ranks send first, odd ranks receive first (no cycle of waits).
-    if (rank % 2 == 0) {
-      send_both();
-      recv_both();
-    } else {
-      recv_both();
-      send_both();
+    for (const auto bucket : {std::optional<std::size_t>{}, std::optional<std::size_t>{256},
+                              std::optional<std::size_t>{td::kAutoBucketBytes}}) {
+      INFO("bucket_bytes=" << bucket.value_or(0));
+      const td::CollectiveOptions opts{.async_op = async_op, .bucket_bytes = bucket};
+      // Two dicts of one layout to the same peer, back to back: they must not mix.
+      TensorDict first = make_dict(rank), second = make_dict(rank + 50);
+      TensorDict got_first = make_dict(-1), got_second = make_dict(-1);
+      if (async_op) {
+        // Everything posted at once, receives first on odd ranks; then waited for.
+        std::vector<td::Work> works;
+        auto add = [&](std::vector<td::Work> ws) {
+          CHECK(ws.size() == 1);
+          for (auto& w : ws) works.push_back(std::move(w));
+        };
+        if (rank % 2) add(got_first.irecv(prev, opts));
+        add(first.isend(next, opts));
+        add(second.isend(next, opts));
+        if (rank % 2 == 0) add(got_first.irecv(prev, opts));
+        add(got_second.irecv(prev, opts));
+        td::wait_all(works);
+      } else if (rank % 2 == 0) {
+        // Blocking calls: even ranks send first, odd ranks receive first (no cycle of waits).
+        CHECK(first.send(next, opts).empty());
+        CHECK(second.send(next, opts).empty());
+        got_first.recv(prev, opts);
+        got_second.recv(prev, opts);
+      } else {
+        got_first.recv(prev, opts);
+        got_second.recv(prev, opts);
+        first.send(next, opts);
+        second.send(next, opts);
+      }
+      CHECK(is_dict_of(got_first, prev));
+      CHECK(is_dict_of(got_second, prev + 50));
+      CHECK(is_dict_of(first, rank));
     }
-    CHECK(is_dict_of(got_first, prev));
-    CHECK(is_dict_of(got_second, prev + 50));
-    CHECK(is_dict_of(first, rank));
+  }
+}
+
+TEST_CASE("transfers with different tags pair up by tag, whatever the order", "[exchange]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  if (size < 2 || rank > 1) return;
+  // Rank 0 sends A (tag 7) then B (tag 3); rank 1 receives B first, then A. Same layout, so a
+  // mix-up would go unnoticed by the handshake: only the tags keep them apart.
+  if (rank == 0) {
+    TensorDict a = make_dict(100), b = make_dict(200);
+    auto wa = a.isend(1, {.tag = 7});
+    auto wb = b.isend(1, {.bucket_bytes = td::kAutoBucketBytes, .tag = 3});
+    td::wait_all(wa);
+    td::wait_all(wb);
+  } else {
+    TensorDict got_a = make_dict(-1), got_b = make_dict(-1);
+    auto wb = got_b.irecv(0, {.tag = 3});
+    auto wa = got_a.irecv(0, {.tag = 7});
+    td::wait_all(wa);
+    td::wait_all(wb);
+    CHECK(is_dict_of(got_a, 100));
+    CHECK(is_dict_of(got_b, 200));
+  }
+  TensorDict d = make_dict(rank);
+  CHECK_THROWS_AS(d.send(1 - rank, {.tag = -1}), std::invalid_argument);
+  CHECK_THROWS_AS(d.send(1 - rank, {.tag = td::kMaxUserTag}), std::invalid_argument);
+}
+
+TEST_CASE("a Tensor goes point to point, sync and async, into a strided receiver", "[exchange]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  if (size < 2) return;
+  const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+  const Tensor mine = Tensor::from_vector<double>(
+      {1.0 * rank, 2.0 * rank, 3.0 * rank, 4.0 * rank, 5.0 * rank, 6.0 * rank}, {2, 3});
+  const std::vector<double> want = {1.0 * prev, 2.0 * prev, 3.0 * prev,
+                                    4.0 * prev, 5.0 * prev, 6.0 * prev};
+  // Async both ways at once.
+  Tensor got = Tensor::zeros({3, 2}, DType::Float64).transpose(0, 1);
+  REQUIRE_FALSE(got.is_contiguous());
+  td::Work r = td::irecv(got, prev);
+  td::Work s = td::isend(mine, next);
+  r.wait();
+  s.wait();
+  CHECK(got.to_vector<double>() == want);
+  // Blocking, ordered so that no cycle of waits forms.
+  Tensor got2 = Tensor::zeros({2, 3}, DType::Float64);
+  if (rank % 2 == 0) {
+    td::send(mine, next);
+    td::recv(got2, prev);
+  } else {
+    td::recv(got2, prev);
+    td::send(mine, next);
+  }
+  CHECK(got2.to_vector<double>() == want);
+  // A receiver of another shape: both sides fail, naming the shapes.
+  if (rank < 2 && size >= 2) {
+    if (rank == 0) {
+      CHECK_THROWS_AS(td::send(mine, 1), td::LayoutMismatchError);
+    } else {
+      Tensor wrong = Tensor::zeros({6}, DType::Float64);
+      try {
+        td::recv(wrong, 0);
+        FAIL("recv into a tensor of another shape did not throw");
+      } catch (const td::LayoutMismatchError& e) {
+        CHECK_THAT(e.what(), Catch::Matchers::Contains("[2, 3]"));
+      }
+      CHECK(wrong.to_vector<double>() == std::vector<double>(6, 0.0));
+    }
+  }
+}
+
+TEST_CASE("all_gather and gather into a list, and all_gather_stacked, sync and async",
+          "[exchange]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  for (const auto& v : kVariants) {
+    INFO("async_op=" << v.async_op << " bucket_bytes=" << v.bucket_bytes.value_or(0));
+    const TensorDict mine = make_dict(rank);
+    std::vector<TensorDict> all;
+    auto works = mine.all_gather(all, options(v));
+    CHECK(works.empty() != v.async_op);
+    REQUIRE(all.size() == static_cast<std::size_t>(size));
+    td::wait_all(works);
+    for (int r = 0; r < size; ++r) CHECK(is_dict_of(all[static_cast<std::size_t>(r)], r));
+
+    std::vector<TensorDict> at_last;
+    auto gw = mine.gather(size - 1, at_last, options(v));
+    td::wait_all(gw);
+    CHECK(at_last.size() == (rank == size - 1 ? static_cast<std::size_t>(size) : 0u));
+    for (std::size_t r = 0; r < at_last.size(); ++r)
+      CHECK(is_dict_of(at_last[r], static_cast<int>(r)));
+
+    TensorDict stacked;
+    auto sw = mine.all_gather_stacked(stacked, options(v));
+    td::wait_all(sw);
+    CHECK(stacked.batch_size() == td::Shape{size, kRows});
+    for (const auto& sp : specs()) {
+      INFO("key " << sp.key.str());
+      td::Shape shape = sp.shape;
+      shape.insert(shape.begin(), size);
+      const std::int64_t per_rank = td::Tensor::empty(sp.shape, sp.dtype).numel();
+      CHECK(holds(stacked, sp, shape, [&](std::int64_t i) {
+        return per_rank == 0 ? 0.0 : value(static_cast<int>(i / per_rank), sp.id, i % per_rank);
+      }));
+    }
+    // The same as stacking the list locally.
+    CHECK(td::stack(all).equal(stacked));
+    CHECK(mine.all_gather_stacked(options(v)).equal(stacked));
+  }
+}
+
+TEST_CASE("stack refuses dicts of different layouts", "[exchange]") {
+  std::vector<TensorDict> ds = {make_dict(0), make_dict(1)};
+  CHECK(td::stack(ds).batch_size() == td::Shape{2, kRows});
+  ds[1].set("w", Tensor::zeros({kRows, 4}, DType::Float32));
+  try {
+    (void)td::stack(ds);
+    FAIL("stack did not throw");
+  } catch (const td::LayoutMismatchError& e) {
+    CHECK_THAT(e.what(), Catch::Matchers::Contains("'w'"));
+  }
+  CHECK_THROWS_AS(td::stack({}), std::invalid_argument);
+}
+
+TEST_CASE("reduce_scatter into a dict, async, matches the sync result", "[exchange]") {
+  const int rank = td::get_rank();
+  for (const auto& v : kVariants) {
+    INFO("async_op=" << v.async_op << " bucket_bytes=" << v.bucket_bytes.value_or(0));
+    const TensorDict d = make_dict(rank);
+    TensorDict shard;
+    auto works = d.reduce_scatter(shard, ReduceOp::SUM, options(v));
+    CHECK(works.empty() != v.async_op);
+    td::wait_all(works);
+    CHECK(shard.equal(d.reduce_scatter(ReduceOp::SUM)));
   }
 }
 
@@ -353,12 +500,23 @@ TEST_CASE("send to a receiver of another layout fails on both sides", "[exchange
   if (rank == 0) {
     const TensorDict d = make_dict(0);
     TensorDict copy = d;
-    CHECK_THROWS_AS(copy.send(1), td::LayoutMismatchError);
+    try {
+      copy.send(1);
+      FAIL("send to another layout did not throw");
+    } catch (const td::LayoutMismatchError& e) {
+      CHECK_THAT(e.what(), Catch::Matchers::Contains("'extra'"));
+    }
     copy.send(1);  // the next transfer to the same peer still pairs up
   } else if (rank == 1) {
     TensorDict other = make_dict(-1);
     other.set("extra", Tensor::zeros({kRows}, DType::Float32));
-    CHECK_THROWS_AS(other.recv(0), td::LayoutMismatchError);
+    try {
+      other.recv(0);
+      FAIL("recv into another layout did not throw");
+    } catch (const td::LayoutMismatchError& e) {
+      CHECK_THAT(e.what(), Catch::Matchers::Contains("'extra'"));
+    }
+    CHECK(is_dict_of(other.exclude({Key("extra")}), -1));
     TensorDict got = make_dict(-1);
     got.recv(0);
     CHECK(is_dict_of(got, 0));

@@ -27,6 +27,9 @@ TD_API bool supports(ReduceOp op, DType dtype);
 /// bucket_bytes value that asks for the size tuned on this machine and group.
 inline constexpr std::size_t kAutoBucketBytes = std::numeric_limits<std::size_t>::max();
 
+/// Tags of point-to-point calls (CollectiveOptions::tag) lie in [0, kMaxUserTag).
+inline constexpr int kMaxUserTag = 1 << 14;
+
 /// Options of every collective.
 struct CollectiveOptions {
   /// Default: world().
@@ -37,6 +40,10 @@ struct CollectiveOptions {
   std::optional<std::size_t> bucket_bytes = std::nullopt;
   /// Default: InitOptions::timeout.
   std::optional<std::chrono::milliseconds> timeout = std::nullopt;
+  /// Point to point only: transfers with different tags between the same two ranks never take
+  /// each other's messages, whatever order threads start them in (like MPI's tag; default 0).
+  /// Transfers with one tag pair up in the order each side starts them.
+  std::optional<int> tag = std::nullopt;
 };
 
 /// Reduces `t` across the group into rank `dst` (in place); other ranks' `t` is unspecified.
@@ -46,6 +53,17 @@ TD_API Work reduce(Tensor& t, int dst, ReduceOp op = ReduceOp::SUM,
 TD_API Work all_reduce(Tensor& t, ReduceOp op = ReduceOp::SUM, const CollectiveOptions& opts = {});
 /// Copies rank `src`'s `t` into every rank's `t` (same shape and dtype everywhere).
 TD_API Work broadcast(Tensor& t, int src, const CollectiveOptions& opts = {});
+
+/// Sends `t` to rank `dst` of the group, whose matching recv() holds the same dtype and shape
+/// (checked first: a mismatch is a td::LayoutMismatchError on both sides and moves no data).
+/// With opts.async_op the returned Work is pending and `t` must not change until it completes.
+TD_API Work send(const Tensor& t, int dst, const CollectiveOptions& opts = {});
+/// Receives rank `src`'s send() into `t` (any strides), which holds the sender's dtype and shape.
+TD_API Work recv(Tensor& t, int src, const CollectiveOptions& opts = {});
+/// send() with async_op set: returns at once with a pending Work (torch.distributed.isend).
+TD_API Work isend(const Tensor& t, int dst, const CollectiveOptions& opts = {});
+/// recv() with async_op set: returns at once with a pending Work (torch.distributed.irecv).
+TD_API Work irecv(Tensor& t, int src, const CollectiveOptions& opts = {});
 
 /// Diagnostics of the bucketing packer, for benchmarks and tuning.
 struct PackerStats {

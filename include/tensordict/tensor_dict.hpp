@@ -100,19 +100,49 @@ class TD_API TensorDict {
                            const CollectiveOptions& opts = {});
   /// Copies every leaf of rank `src` into every rank's dict (same layout on every rank).
   std::vector<Work> broadcast(int src, const CollectiveOptions& opts = {});
-  /// Sends every leaf to rank `dst`, whose matching recv() holds the same layout.
+  /// Sends every leaf to rank `dst`, whose matching recv() holds the same layout (checked first:
+  /// a mismatch is a td::LayoutMismatchError on both sides naming the key, and moves no data).
+  /// Leaves go in canonical order, one message per leaf; with opts.bucket_bytes one per bucket,
+  /// and with kAutoBucketBytes one per dtype (consolidated). With opts.async_op the one returned
+  /// Work is pending and the leaves must not change until it completes.
   std::vector<Work> send(int dst, const CollectiveOptions& opts = {});
-  /// Receives every leaf from rank `src` into this dict, which holds the sender's layout.
+  /// Receives every leaf from rank `src` into this dict, which holds the sender's layout (the
+  /// bucketing is the sender's choice). With opts.async_op the leaves are valid after wait().
   std::vector<Work> recv(int src, const CollectiveOptions& opts = {});
-  /// Every rank's dict: [r] is rank r's.
+  /// send() with async_op set (torch.distributed.isend).
+  std::vector<Work> isend(int dst, const CollectiveOptions& opts = {});
+  /// recv() with async_op set (torch.distributed.irecv).
+  std::vector<Work> irecv(int src, const CollectiveOptions& opts = {});
+  /// Every rank's dict: [r] is rank r's (with fresh storage). Runs to completion even with
+  /// opts.async_op; the overload that fills `out` can return pending Works.
   std::vector<TensorDict> all_gather(const CollectiveOptions& opts = {}) const;
+  /// all_gather into `out` (torch.distributed.all_gather's tensor_list): `out` is replaced by one
+  /// dict per rank right away; with opts.async_op their leaves are valid after every returned
+  /// Work's wait().
+  std::vector<Work> all_gather(std::vector<TensorDict>& out,
+                               const CollectiveOptions& opts = {}) const;
+  /// Every rank's dict stacked along a new leading dimension: each leaf becomes [size, *shape]
+  /// (row r is rank r's) and the batch size [size, *batch_size]. One leaf per bucket is received
+  /// straight into the stacked tensor.
+  TensorDict all_gather_stacked(const CollectiveOptions& opts = {}) const;
+  /// all_gather_stacked into `out` (replaced right away; with opts.async_op valid after wait()).
+  std::vector<Work> all_gather_stacked(TensorDict& out, const CollectiveOptions& opts = {}) const;
   /// Every rank's dict on `dst` ([r] is rank r's); an empty vector on other ranks.
   std::vector<TensorDict> gather(int dst, const CollectiveOptions& opts = {}) const;
+  /// gather into `out` on `dst` (emptied on other ranks); with opts.async_op valid after wait().
+  std::vector<Work> gather(int dst, std::vector<TensorDict>& out,
+                           const CollectiveOptions& opts = {}) const;
   /// On src, parts[r] goes to rank r; every rank's *this already holds the layout of one part.
   std::vector<Work> scatter(int src, const std::vector<TensorDict>& parts,
                             const CollectiveOptions& opts = {});
-  /// Every leaf's first dimension split evenly across the group; returns this rank's reduced shard.
+  /// Every leaf's first dimension split evenly across the group; returns this rank's reduced shard
+  /// (rows [rank * n / size, (rank + 1) * n / size) of the reduced leaf). Bucketed like
+  /// all_reduce: one MPI_Reduce_scatter_block per bucket.
   TensorDict reduce_scatter(ReduceOp op = ReduceOp::SUM, const CollectiveOptions& opts = {}) const;
+  /// reduce_scatter into `out` (replaced right away by the shard dict; with opts.async_op its
+  /// leaves are valid after every returned Work's wait()).
+  std::vector<Work> reduce_scatter(TensorDict& out, ReduceOp op = ReduceOp::SUM,
+                                   const CollectiveOptions& opts = {}) const;
 
  private:
   friend struct detail::DictAccess;
@@ -121,6 +151,11 @@ class TD_API TensorDict {
   const Impl& impl() const;
   std::unique_ptr<Impl> impl_;
 };
+
+/// The dicts (same keys, dtypes, shapes and batch size) stacked along a new leading dimension:
+/// each leaf [n, *shape], batch size [n, *batch_size] (torch.stack of TensorDicts). Throws
+/// td::LayoutMismatchError naming the first dict and key that differ.
+TD_API TensorDict stack(const std::vector<TensorDict>& dicts);
 
 /// Prints the dict's structure: keys, shapes and dtypes.
 TD_API std::string to_string(const TensorDict& d);

@@ -1,0 +1,443 @@
+// Point to point: send / recv / isend / irecv of a Tensor or a TensorDict.
+//
+// Every transfer is one td::Work that runs in phases (WorkState::then), so the async forms need
+// no thread of their own and advance on the progress thread like the collectives:
+//   1. handshake: the sender's header (layout fingerprint, bucket cap, message size) travels to
+//      the receiver, whose verdict travels back. Nothing else moves before both agree, so a
+//      receiver of another layout never has a byte written into its leaves.
+//   2. on a mismatch both sides swap a description of their layout and fail with an error that
+//      names the first differing key; otherwise the data moves: one message per leaf, or (with
+//      bucket_bytes) one per bucket of the same plan the collectives use, which with
+//      kAutoBucketBytes is one message per dtype.
+// Tags: each call takes a block of kTagsPerCall tags from a per-(group, peer, direction, tag)
+// counter that runs in step on both sides, so back-to-back and overlapping transfers between
+// the same two ranks cannot take each other's messages.
+#include <array>
+#include <climits>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "collective_engine.hpp"
+#include "config.hpp"
+#include "tensordict/tensor_dict.hpp"
+
+namespace td {
+
+namespace {
+
+using detail::LeafRef;
+using detail::WorkState;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kTagsPerCall = 1024;  // handshake (2), description (2), then one per message
+constexpr int kFirstDataTag = 4;
+constexpr int kCallsPerTag = 64;  // calls in flight per (peer, direction, user tag)
+
+// ---- what travels ---------------------------------------------------------------------------
+
+// One side of a transfer: handles sharing the leaves' storage, in canonical order.
+struct Transfer {
+  std::vector<Key> keys;
+  std::vector<Tensor> tensors;
+  std::vector<LeafRef> refs;  // into keys / tensors (for pack / unpack)
+  std::string error;          // what makes the dict unfit for point to point on this rank
+
+  void index() {
+    refs.clear();
+    for (std::size_t i = 0; i < tensors.size(); ++i) refs.push_back({&keys[i], &tensors[i], 0});
+  }
+};
+
+std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+std::shared_ptr<Transfer> transfer_of(std::span<const LeafRef> leaves) {
+  auto x = std::make_shared<Transfer>();
+  x->keys.reserve(leaves.size());
+  x->tensors.reserve(leaves.size());
+  for (const auto& ref : leaves) {
+    x->keys.push_back(*ref.key);
+    x->tensors.push_back(*ref.tensor);
+    if (!x->error.empty()) continue;
+    if (!ref.tensor->defined())
+      x->error = fmt::format("key '{}' holds an undefined tensor", ref.key->str());
+    else if (ref.tensor->is_sparse())
+      x->error = fmt::format("key '{}' is a sparse tensor; to_dense() it first", ref.key->str());
+  }
+  x->index();
+  return x;
+}
+
+// A 64-bit FNV-1a fingerprint of the keys, dtypes and shapes in canonical order (never 0, which
+// a sender whose dict cannot be sent uses to make the receiver fail too).
+std::uint64_t fingerprint(const Transfer& x) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  auto byte = [&](unsigned char c) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  };
+  auto u64 = [&](std::uint64_t v) {
+    for (int k = 0; k < 8; ++k) byte(static_cast<unsigned char>(v >> (8 * k)));
+  };
+  u64(x.tensors.size());
+  for (std::size_t i = 0; i < x.tensors.size(); ++i) {
+    const auto& parts = x.keys[i].parts();
+    u64(parts.size());
+    for (const auto& p : parts) {
+      u64(p.size());
+      for (char c : p) byte(static_cast<unsigned char>(c));
+    }
+    const Tensor& t = x.tensors[i];
+    byte(static_cast<unsigned char>(t.dtype()));
+    u64(t.shape().size());
+    for (auto s : t.shape()) u64(static_cast<std::uint64_t>(s));
+  }
+  return h == 0 ? 1 : h;
+}
+
+// "key dtype[shape]" per leaf, one per line: what a mismatch sends the other side.
+std::string describe_layout(const Transfer& x) {
+  if (!x.error.empty()) return "!" + x.error;
+  std::string out;
+  for (std::size_t i = 0; i < x.tensors.size(); ++i)
+    out += fmt::format("{}\t{}{}\n", x.keys[i].str(), name(x.tensors[i].dtype()),
+                       shape_str(x.tensors[i].shape()));
+  return out;
+}
+
+// The first difference between two layouts described by describe_layout.
+std::string first_difference(const std::string& mine, const std::string& theirs, const char* them) {
+  if (!theirs.empty() && theirs[0] == '!')
+    return fmt::format("the {} could not take part: {}", them, theirs.substr(1));
+  auto lines = [](const std::string& s) {
+    std::vector<std::string> out;
+    std::size_t start = 0;
+    for (std::size_t end; (end = s.find('\n', start)) != std::string::npos; start = end + 1)
+      out.push_back(s.substr(start, end - start));
+    return out;
+  };
+  const auto a = lines(mine), b = lines(theirs);
+  auto key = [](const std::string& l) { return l.substr(0, l.find('\t')); };
+  auto rest = [](const std::string& l) { return l.substr(l.find('\t') + 1); };
+  for (std::size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+    if (i >= a.size())
+      return fmt::format("the {} has key '{}', which this one lacks", them, key(b[i]));
+    if (i >= b.size()) return fmt::format("the {} lacks key '{}'", them, key(a[i]));
+    if (key(a[i]) != key(b[i]))
+      return key(a[i]) < key(b[i])
+                 ? fmt::format("the {} lacks key '{}'", them, key(a[i]))
+                 : fmt::format("the {} has key '{}', which this one lacks", them, key(b[i]));
+    if (rest(a[i]) != rest(b[i]))
+      return fmt::format("key '{}' is {} here but {} on the {}", key(a[i]), rest(a[i]), rest(b[i]),
+                         them);
+  }
+  return "the layouts differ";
+}
+
+// ---- tags -----------------------------------------------------------------------------------
+
+// Calls to one peer are numbered on both sides (the sender's n-th send to a peer with a given
+// user tag meets the peer's n-th recv from it with that tag). Kept per group: a group freed and
+// another created at the same address starts again from zero, as its peers do.
+struct PeerCounters {
+  std::weak_ptr<detail::GroupState> group;
+  std::map<std::tuple<int, bool, int>, unsigned> next;  // (peer, we send, user tag) -> calls
+};
+std::mutex g_tags_mu;
+std::map<const detail::GroupState*, PeerCounters> g_tags;
+
+int next_tag_base(const std::shared_ptr<detail::GroupState>& g, int peer, bool sending,
+                  int user_tag) {
+  int* ub = nullptr;
+  int flag = 0;
+  TD_MPI_CHECK(MPI_Comm_get_attr(g->comm, MPI_TAG_UB, &ub, &flag));
+  const long long tag_ub = flag && ub ? *ub : 32767;
+  const long long slots = std::max(1LL, tag_ub / kTagsPerCall);
+  std::lock_guard lock(g_tags_mu);
+  std::erase_if(g_tags, [](const auto& e) { return e.second.group.expired(); });
+  PeerCounters& pc = g_tags[g.get()];
+  if (pc.group.lock() != g) pc = PeerCounters{g, {}};
+  const unsigned n = pc.next[{peer, sending, user_tag}]++;
+  const long long slot =
+      (static_cast<long long>(user_tag) * kCallsPerTag + n % kCallsPerTag) % slots;
+  return static_cast<int>(slot * kTagsPerCall);
+}
+
+int data_tag(int base, std::size_t message) {
+  return base + kFirstDataTag + static_cast<int>(message % (kTagsPerCall - kFirstDataTag));
+}
+
+// ---- the transfer ---------------------------------------------------------------------------
+
+struct Peer {
+  std::shared_ptr<detail::GroupState> group;
+  MPI_Comm comm;
+  int rank;  // the peer, in the group
+  int base;  // tag base of this call
+  std::string what;
+};
+
+Peer start_peer_call(int peer, std::string_view what, const char* peer_name, bool sending,
+                     const CollectiveOptions& opts) {
+  auto g = detail::group_of(opts);
+  MPI_Comm comm = g->checked_comm(what);
+  if (peer < 0 || peer >= g->size)
+    throw std::invalid_argument(fmt::format("{}: {} {} is out of range for a group of {} ranks",
+                                            what, peer_name, peer, g->size));
+  if (peer == g->rank)
+    throw std::invalid_argument(
+        fmt::format("{}: {} {} is this rank itself", what, peer_name, peer));
+  const int user_tag = opts.tag.value_or(0);
+  if (user_tag < 0 || user_tag >= kMaxUserTag)
+    throw std::invalid_argument(
+        fmt::format("{}: tag {} is out of range [0, {})", what, user_tag, kMaxUserTag));
+  const int base = next_tag_base(g, peer, sending, user_tag);
+  return {std::move(g), comm, peer, base, std::string(what)};
+}
+
+// The bucket cap the sender asks for: 0 is one message per leaf.
+std::uint64_t cap_of(const CollectiveOptions& opts, bool from_dict) {
+  std::optional<std::size_t> cap = from_dict ? opts.bucket_bytes : std::nullopt;
+  if (from_dict && !opts.bucket_bytes && detail::config().bucket_bytes)
+    cap = detail::config().bucket_bytes;
+  if (!cap) return 0;
+  if (*cap == 0) throw std::invalid_argument("bucket_bytes must be positive");
+  // kAutoBucketBytes: everything of one dtype in one bucket (consolidated).
+  return *cap == kAutoBucketBytes ? std::uint64_t{1} << 62 : *cap;
+}
+
+// Point to point has no cliff to avoid in the way MPI_Allreduce has; messages are capped only so
+// that a consolidated transfer streams in pieces the transport pipelines well.
+constexpr std::uint64_t kMaxMessageBytes = std::uint64_t{16} << 20;
+
+BucketPlan plan_of(const Transfer& x, std::uint64_t cap) {
+  std::vector<LeafLayout> layout;
+  layout.reserve(x.tensors.size());
+  for (const Tensor& t : x.tensors) layout.push_back({t.dtype(), t.shape(), t.is_contiguous()});
+  return BucketPlan::build(layout, cap == 0 ? std::nullopt : std::optional<std::size_t>(cap),
+                           kMaxMessageBytes);
+}
+
+// Posts one message per piece of every bucket, from (sending) or into the leaves' memory when a
+// bucket's leaves lie back to back, else through a pack buffer held by the Work.
+void post_data(WorkState& w, const std::shared_ptr<Transfer>& x, std::uint64_t cap, bool sending,
+               const Peer& p) {
+  auto plan = std::make_shared<const BucketPlan>(plan_of(*x, cap));
+  std::vector<std::pair<std::size_t, std::byte*>> unpack_later;  // bucket, buffer
+  std::size_t message = 0;
+  for (std::size_t b = 0; b < plan->buckets.size(); ++b) {
+    const auto& bk = plan->buckets[b];
+    std::byte* data;
+    if (detail::bucket_is_contiguous_in_memory(bk, x->refs)) {
+      data = static_cast<std::byte*>(x->tensors[bk.slots[0].leaf].raw_data());
+    } else {
+      auto buf = std::make_shared<detail::Storage>(bk.nbytes);
+      data = buf->data;
+      w.held.push_back(buf);
+      if (sending) {
+        detail::pack_bucket(bk, x->refs, data);
+      } else {
+        unpack_later.emplace_back(b, data);
+      }
+    }
+    const MPI_Datatype type = detail::mpi_datatype(bk.dtype);
+    detail::for_each_message(
+        bk.nbytes, bk.dtype, plan->max_message_bytes, [&](std::size_t off, int count) {
+          w.requests.push_back(MPI_REQUEST_NULL);
+          const int tag = data_tag(p.base, message++);
+          if (sending) {
+            TD_MPI_CHECK(
+                MPI_Isend(data + off, count, type, p.rank, tag, p.comm, &w.requests.back()));
+          } else {
+            TD_MPI_CHECK(
+                MPI_Irecv(data + off, count, type, p.rank, tag, p.comm, &w.requests.back()));
+          }
+        });
+  }
+  if (!unpack_later.empty())
+    w.finish = [x, plan, unpack_later = std::move(unpack_later)] {
+      for (const auto& [b, data] : unpack_later)
+        detail::unpack_bucket(plan->buckets[b], x->refs, data);
+    };
+}
+
+// After a mismatch: both sides send their layout (length, then text) and read the other's, then
+// fail naming the first difference. `fail` builds the error from it.
+void swap_descriptions(WorkState& w, const std::shared_ptr<Transfer>& x, const Peer& p,
+                       const char* them, std::function<void(const std::string&)> fail) {
+  auto mine = std::make_shared<std::string>(describe_layout(*x));
+  auto lengths = std::make_shared<std::array<std::uint64_t, 2>>();  // [mine, theirs]
+  (*lengths)[0] = mine->size();
+  w.held.push_back(mine);
+  w.held.push_back(lengths);
+  // Tags base+2 (length) and base+3 (text): both directions use the same tags, which is fine
+  // since each side receives only from the other.
+  w.requests.resize(3, MPI_REQUEST_NULL);
+  TD_MPI_CHECK(
+      MPI_Isend(&(*lengths)[0], 1, MPI_UINT64_T, p.rank, p.base + 2, p.comm, &w.requests[0]));
+  TD_MPI_CHECK(MPI_Isend(mine->data(), static_cast<int>(mine->size()), MPI_CHAR, p.rank, p.base + 3,
+                         p.comm, &w.requests[1]));
+  TD_MPI_CHECK(
+      MPI_Irecv(&(*lengths)[1], 1, MPI_UINT64_T, p.rank, p.base + 2, p.comm, &w.requests[2]));
+  w.then = [p, mine, lengths, them, fail = std::move(fail)](WorkState& w2) {
+    auto theirs = std::make_shared<std::string>((*lengths)[1], '\0');
+    w2.held.push_back(theirs);
+    w2.requests.push_back(MPI_REQUEST_NULL);
+    TD_MPI_CHECK(MPI_Irecv(theirs->data(), static_cast<int>(theirs->size()), MPI_CHAR, p.rank,
+                           p.base + 3, p.comm, &w2.requests.back()));
+    w2.then = [mine, theirs, them, fail](WorkState&) {
+      fail(first_difference(*mine, *theirs, them));
+    };
+  };
+}
+
+Work finish_start(const std::shared_ptr<WorkState>& st, const CollectiveOptions& opts) {
+  if (!opts.async_op) {
+    st->wait();
+    return Work();
+  }
+  detail::progress_add(st);
+  return Work(st);
+}
+
+Work start_send(std::span<const LeafRef> leaves, int dst, const CollectiveOptions& opts,
+                std::string_view what, bool from_dict) {
+  const Peer p = start_peer_call(dst, what, "dst", /*sending=*/true, opts);
+  const std::uint64_t cap = cap_of(opts, from_dict);
+  auto x = transfer_of(leaves);
+  auto st = std::make_shared<WorkState>();
+  st->deadline = Clock::now() + detail::timeout_of(opts);
+  st->describe = [p] {
+    return fmt::format("{} to rank {} of the group of {} ranks", p.what, p.rank, p.group->size);
+  };
+  st->keep_alive = x->tensors;
+  auto header = std::make_shared<std::array<std::uint64_t, 2>>();
+  *header = {x->error.empty() ? fingerprint(*x) : 0, cap};
+  auto verdict = std::make_shared<int>(0);
+  st->held.push_back(header);
+  st->held.push_back(verdict);
+  st->requests.resize(2, MPI_REQUEST_NULL);
+  TD_MPI_CHECK(MPI_Isend(header->data(), 2, MPI_UINT64_T, dst, p.base, p.comm, &st->requests[0]));
+  TD_MPI_CHECK(MPI_Irecv(verdict.get(), 1, MPI_INT, dst, p.base + 1, p.comm, &st->requests[1]));
+  st->then = [x, p, cap, verdict](WorkState& w) {
+    if (*verdict == 1) {
+      post_data(w, x, cap, /*sending=*/true, p);
+      return;
+    }
+    // Rejected (also when this side could not send: it offered fingerprint 0).
+    swap_descriptions(w, x, p, "receiver", [p, x](const std::string& diff) {
+      if (!x->error.empty()) throw std::invalid_argument(fmt::format("{}: {}", p.what, x->error));
+      throw LayoutMismatchError(fmt::format(
+          "{}: the receiver (rank {}) does not hold the sender's layout (keys, dtypes and shapes "
+          "in sorted key order): {}; nothing was sent",
+          p.what, p.rank, diff));
+    });
+  };
+  return finish_start(st, opts);
+}
+
+Work start_recv(std::span<const LeafRef> leaves, int src, const CollectiveOptions& opts,
+                std::string_view what) {
+  const Peer p = start_peer_call(src, what, "src", /*sending=*/false, opts);
+  auto x = transfer_of(leaves);
+  auto st = std::make_shared<WorkState>();
+  st->deadline = Clock::now() + detail::timeout_of(opts);
+  st->describe = [p] {
+    return fmt::format("{} from rank {} of the group of {} ranks", p.what, p.rank, p.group->size);
+  };
+  st->keep_alive = x->tensors;
+  auto header = std::make_shared<std::array<std::uint64_t, 2>>();
+  auto verdict = std::make_shared<int>(0);
+  st->held.push_back(header);
+  st->held.push_back(verdict);
+  st->requests.resize(1, MPI_REQUEST_NULL);
+  TD_MPI_CHECK(MPI_Irecv(header->data(), 2, MPI_UINT64_T, src, p.base, p.comm, &st->requests[0]));
+  st->then = [x, p, header, verdict](WorkState& w) {
+    const auto [theirs, cap] = *header;
+    const bool ok = x->error.empty() && theirs != 0 && theirs == fingerprint(*x);
+    *verdict = ok ? 1 : 0;
+    w.requests.push_back(MPI_REQUEST_NULL);
+    TD_MPI_CHECK(
+        MPI_Isend(verdict.get(), 1, MPI_INT, p.rank, p.base + 1, p.comm, &w.requests.back()));
+    if (ok) {
+      post_data(w, x, cap, /*sending=*/false, p);
+      return;
+    }
+    w.then = [x, p](WorkState& w2) {
+      swap_descriptions(w2, x, p, "sender", [p, x](const std::string& diff) {
+        if (!x->error.empty()) throw std::invalid_argument(fmt::format("{}: {}", p.what, x->error));
+        throw LayoutMismatchError(fmt::format(
+            "{}: this TensorDict does not hold the sender's (rank {}) layout (keys, dtypes and "
+            "shapes in sorted key order): {}; nothing was received",
+            p.what, p.rank, diff));
+      });
+    };
+  };
+  return finish_start(st, opts);
+}
+
+std::vector<Work> as_vector(Work w, const CollectiveOptions& opts) {
+  std::vector<Work> out;
+  if (opts.async_op) out.push_back(std::move(w));
+  return out;
+}
+
+CollectiveOptions async_of(CollectiveOptions opts) {
+  opts.async_op = true;
+  return opts;
+}
+
+LeafRef tensor_ref(Tensor& t) {
+  static const Key kKey("<tensor>");
+  return {&kKey, &t, 0};
+}
+
+}  // namespace
+
+std::vector<Work> TensorDict::send(int dst, const CollectiveOptions& opts) {
+  return as_vector(start_send(detail::DictAccess::canonical(*this), dst, opts, "TensorDict.send",
+                              /*from_dict=*/true),
+                   opts);
+}
+
+std::vector<Work> TensorDict::recv(int src, const CollectiveOptions& opts) {
+  return as_vector(start_recv(detail::DictAccess::canonical(*this), src, opts, "TensorDict.recv"),
+                   opts);
+}
+
+std::vector<Work> TensorDict::isend(int dst, const CollectiveOptions& opts) {
+  return send(dst, async_of(opts));
+}
+
+std::vector<Work> TensorDict::irecv(int src, const CollectiveOptions& opts) {
+  return recv(src, async_of(opts));
+}
+
+Work send(const Tensor& t, int dst, const CollectiveOptions& opts) {
+  Tensor handle = t;
+  const LeafRef ref = tensor_ref(handle);
+  return start_send(std::span<const LeafRef>(&ref, 1), dst, opts, "send", false);
+}
+
+Work recv(Tensor& t, int src, const CollectiveOptions& opts) {
+  const LeafRef ref = tensor_ref(t);
+  return start_recv(std::span<const LeafRef>(&ref, 1), src, opts, "recv");
+}
+
+Work isend(const Tensor& t, int dst, const CollectiveOptions& opts) {
+  return send(t, dst, async_of(opts));
+}
+
+Work irecv(Tensor& t, int src, const CollectiveOptions& opts) {
+  return recv(t, src, async_of(opts));
+}
+
+}  // namespace td
