@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <optional>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include <tensordict/tensordict.hpp>
@@ -384,6 +385,34 @@ TEST_CASE("transfers with different tags pair up by tag, whatever the order", "[
   TensorDict d = make_dict(rank);
   CHECK_THROWS_AS(d.send(1 - rank, {.tag = -1}), std::invalid_argument);
   CHECK_THROWS_AS(d.send(1 - rank, {.tag = td::kMaxUserTag}), std::invalid_argument);
+}
+
+TEST_CASE("transfers from two threads with their own tags do not mix", "[exchange]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  if (size < 2 || rank > 1) return;
+  // Each thread moves 20 dicts of one layout between ranks 0 and 1, blocking, concurrently with
+  // the other thread; the threads on the two sides start in no particular order.
+  constexpr int kRounds = 20;
+  auto worker = [&](int tag, int base, std::vector<bool>& ok) {
+    for (int i = 0; i < kRounds; ++i) {
+      if (rank == 0) {
+        make_dict(base + i).send(
+            1,
+            {.bucket_bytes = i % 2 ? std::optional<std::size_t>{512} : std::nullopt, .tag = tag});
+      } else {
+        TensorDict got = make_dict(-1);
+        got.recv(0, {.tag = tag});
+        ok[static_cast<std::size_t>(i)] = is_dict_of(got, base + i);
+      }
+    }
+  };
+  std::vector<bool> ok_a(kRounds, rank == 0), ok_b(kRounds, rank == 0);
+  std::thread a([&] { worker(1, 100, ok_a); });
+  std::thread b([&] { worker(2, 300, ok_b); });
+  a.join();
+  b.join();
+  CHECK(std::count(ok_a.begin(), ok_a.end(), true) == kRounds);
+  CHECK(std::count(ok_b.begin(), ok_b.end(), true) == kRounds);
 }
 
 TEST_CASE("a Tensor goes point to point, sync and async, into a strided receiver", "[exchange]") {
