@@ -9,6 +9,7 @@
 #include "tensordict/process_group.hpp"
 #include "tensordict/tensor.hpp"
 #include "tensordict/tensor_dict.hpp"
+#include "tensordict/tensorclass.hpp"
 #include "tensordict/version.hpp"
 #include "tensordict/work.hpp"
 

@@ -1,0 +1,616 @@
+// td::TensorClass: a user struct of named tensor fields (and nested such structs) that converts to
+// and from a TensorDict and has every TensorDict collective, like Python tensordict's
+// @tensorclass. The fields are declared once, with TD_TENSORCLASS_FIELDS; no other per-field code.
+#pragma once
+
+#include <array>
+#include <concepts>
+#include <cstddef>
+#include <functional>
+#include <ostream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "tensordict/collectives.hpp"
+#include "tensordict/errors.hpp"
+#include "tensordict/key.hpp"
+#include "tensordict/tensor.hpp"
+#include "tensordict/tensor_dict.hpp"
+#include "tensordict/work.hpp"
+
+namespace td {
+
+template <class Derived>
+class TensorClass;
+
+namespace detail {
+
+// One declared field: its name (the key) and its member pointer. Owner may be a base of the
+// tensorclass when the member is inherited; `object.*member` works on the derived object.
+template <class Owner, class Member>
+struct TensorClassField {
+  using owner_type = Owner;
+  using member_type = Member;
+  std::string_view name;
+  Member Owner::*member;
+};
+
+template <class Owner, class Member>
+constexpr TensorClassField<Owner, Member> tensorclass_field(std::string_view name,
+                                                            Member Owner::*member) noexcept {
+  return {name, member};
+}
+
+struct TensorClassAccess;
+
+}  // namespace detail
+
+/// A struct declared as `struct S : td::TensorClass<S> { ...; TD_TENSORCLASS_FIELDS(S, ...) }`.
+template <class T>
+concept TensorClassType = std::is_class_v<T> && requires {
+  T::td_tensorclass_fields();
+  T::td_tensorclass_name();
+} && std::derived_from<T, TensorClass<T>>;
+
+/// Whether T is a tensorclass (see TensorClassType).
+template <class T>
+inline constexpr bool is_tensorclass_v = TensorClassType<T>;
+
+/// A TensorDict or a tensorclass: what generic code that runs collectives can accept.
+template <class T>
+concept TensorDictLike = std::same_as<T, TensorDict> || TensorClassType<T>;
+
+namespace detail {
+
+// Everything that walks the declared fields. A friend of every TensorClass<>, so that a parent
+// can read and write its nested tensorclasses' batch sizes.
+struct TensorClassAccess {
+  template <class T>
+  static constexpr auto fields() {
+    return T::td_tensorclass_fields();
+  }
+
+  template <class T>
+  static constexpr std::size_t count() {
+    return std::tuple_size_v<decltype(T::td_tensorclass_fields())>;
+  }
+
+  template <class T>
+  static constexpr std::array<std::string_view, count<T>()> names() {
+    return std::apply(
+        [](const auto&... f) { return std::array<std::string_view, count<T>()>{f.name...}; },
+        fields<T>());
+  }
+
+  template <class T>
+  static constexpr bool names_unique() {
+    constexpr auto n = names<T>();
+    for (std::size_t i = 0; i < n.size(); ++i)
+      for (std::size_t j = i + 1; j < n.size(); ++j)
+        if (n[i] == n[j]) return false;
+    return true;
+  }
+
+  template <class M>
+  static constexpr bool valid_field_type() {
+    return std::is_same_v<M, Tensor> || TensorClassType<M>;
+  }
+
+  template <class T>
+  static constexpr bool field_types_valid() {
+    return std::apply(
+        [](const auto&... f) {
+          return (valid_field_type<typename std::remove_cvref_t<decltype(f)>::member_type>() &&
+                  ...);
+        },
+        fields<T>());
+  }
+
+  // Whether every field is a member of T (or of a base of T): catches a macro whose first
+  // argument names another struct than the one it is in.
+  template <class T>
+  static constexpr bool fields_belong_to() {
+    return std::apply(
+        [](const auto&... f) {
+          return (std::is_base_of_v<typename std::remove_cvref_t<decltype(f)>::owner_type, T> &&
+                  ...);
+        },
+        fields<T>());
+  }
+
+  // Compile-time checks, instantiated by every operation on T. The fields are walked only when
+  // they pass, so a mistake is reported by one static_assert rather than by a cascade.
+  template <class T>
+  static constexpr bool well_formed() {
+    static_assert(TensorClassType<T>,
+                  "a tensorclass derives publicly from td::TensorClass<itself> and declares its "
+                  "fields with TD_TENSORCLASS_FIELDS(Type, field...)");
+    if constexpr (TensorClassType<T>) {
+      static_assert(field_types_valid<T>(),
+                    "every field listed in TD_TENSORCLASS_FIELDS must be a (non-const) td::Tensor "
+                    "or a tensorclass");
+      static_assert(names_unique<T>(), "a field is listed twice in TD_TENSORCLASS_FIELDS");
+      static_assert(fields_belong_to<T>(),
+                    "TD_TENSORCLASS_FIELDS(Type, ...) must name the struct it is declared in");
+      static_assert(std::is_default_constructible_v<T>,
+                    "a tensorclass must be default-constructible (from_tensordict builds one)");
+      return field_types_valid<T>() && names_unique<T>() && fields_belong_to<T>();
+    } else {
+      return false;
+    }
+  }
+
+  template <class T, class F>
+  static void for_each_field(F&& fn) {
+    if constexpr (well_formed<T>())
+      std::apply([&](const auto&... f) { (fn(f), ...); }, fields<T>());
+  }
+
+  static std::string join(const std::string& prefix, std::string_view name) {
+    return prefix.empty() ? std::string(name) : prefix + "." + std::string(name);
+  }
+
+  // The dict of `obj`, sharing every field's storage. A nested tensorclass whose batch size is
+  // empty takes its parent's.
+  template <class T>
+  static TensorDict build(const T& obj, const Shape& inherited, const std::string& prefix,
+                          std::string_view root) {
+    const Shape& bs = obj.batch_size_.empty() ? inherited : obj.batch_size_;
+    TensorDict d(bs);
+    for_each_field<T>([&](const auto& f) {
+      using M = typename std::remove_cvref_t<decltype(f)>::member_type;
+      const std::string path = join(prefix, f.name);
+      const M& value = obj.*(f.member);
+      try {
+        if constexpr (std::is_same_v<M, Tensor>) {
+          if (!value.defined())
+            throw Error(
+                fmt::format("{}.to_tensordict: field '{}' ({}::{}) is an undefined "
+                            "td::Tensor; assign a tensor to it first",
+                            root, path, T::td_tensorclass_name(), f.name));
+          d.set(Key(std::string(f.name)), value);
+        } else {
+          d.set(Key(std::string(f.name)), build(value, bs, path, root));
+        }
+      } catch (const std::invalid_argument& e) {
+        if constexpr (std::is_same_v<M, Tensor>) {
+          throw std::invalid_argument(
+              fmt::format("{}.to_tensordict: field '{}': {}", root, path, e.what()));
+        } else {
+          throw;  // the nested call already named the field
+        }
+      }
+    });
+    return d;
+  }
+
+  // Fills `obj` from `d`: every field from the key of its name; no other key allowed.
+  template <class T>
+  static void load(T& obj, const TensorDict& d, const std::string& prefix, std::string_view root) {
+    constexpr auto names_of_t = names<T>();
+    for (const Key& k : d.keys()) {
+      const std::string& name = k.parts()[0];
+      bool known = false;
+      for (std::string_view n : names_of_t) known = known || n == name;
+      if (!known)
+        throw Error(
+            fmt::format("{}::from_tensordict: key '{}' is not a field of {}; exclude() it "
+                        "first",
+                        root, join(prefix, name), T::td_tensorclass_name()));
+    }
+    obj.batch_size_ = d.batch_size();
+    for_each_field<T>([&](const auto& f) {
+      using M = typename std::remove_cvref_t<decltype(f)>::member_type;
+      const std::string path = join(prefix, f.name);
+      const Key key(std::string(f.name));
+      if (!d.contains(key))
+        throw KeyError(fmt::format("{}::from_tensordict: key '{}' not found (field {}::{})", root,
+                                   path, T::td_tensorclass_name(), f.name));
+      if constexpr (std::is_same_v<M, Tensor>) {
+        if (d.is_dict(key))
+          throw Error(
+              fmt::format("{}::from_tensordict: key '{}' holds a sub-dict, but {}::{} is "
+                          "a td::Tensor",
+                          root, path, T::td_tensorclass_name(), f.name));
+        obj.*(f.member) = d.get(key);
+      } else {
+        if (!d.is_dict(key))
+          throw Error(
+              fmt::format("{}::from_tensordict: key '{}' holds a tensor, but {}::{} is "
+                          "a tensorclass ({})",
+                          root, path, T::td_tensorclass_name(), f.name, M::td_tensorclass_name()));
+        load(obj.*(f.member), d.get_dict(key), path, root);
+      }
+    });
+  }
+
+  // Points every field at the leaf of the same key in `d` (built by build() from `obj`), without
+  // touching batch sizes. After an in-place collective this is a no-op for leaves updated in
+  // place and picks up leaves the collective replaced (sparse results, consolidate()).
+  template <class T>
+  static void rebind(T& obj, const TensorDict& d) {
+    for_each_field<T>([&](const auto& f) {
+      using M = typename std::remove_cvref_t<decltype(f)>::member_type;
+      const Key key(std::string(f.name));
+      if constexpr (std::is_same_v<M, Tensor>) {
+        obj.*(f.member) = d.get(key);
+      } else {
+        rebind(obj.*(f.member), d.get_dict(key));
+      }
+    });
+  }
+
+  template <class T>
+  static bool equal(const T& a, const T& b, const Shape& inherited_a, const Shape& inherited_b) {
+    const Shape& bs_a = a.batch_size_.empty() ? inherited_a : a.batch_size_;
+    const Shape& bs_b = b.batch_size_.empty() ? inherited_b : b.batch_size_;
+    if (bs_a != bs_b) return false;
+    bool same = true;
+    for_each_field<T>([&](const auto& f) {
+      using M = typename std::remove_cvref_t<decltype(f)>::member_type;
+      if (!same) return;
+      const M& x = a.*(f.member);
+      const M& y = b.*(f.member);
+      if constexpr (std::is_same_v<M, Tensor>) {
+        same = x.defined() == y.defined() && (!x.defined() || x.equal(y));
+      } else {
+        same = equal(x, y, bs_a, bs_b);
+      }
+    });
+    return same;
+  }
+
+  static std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+  // The layout of TensorDict's printer, with the struct names and the declaration order.
+  template <class T>
+  static void print(std::string& out, const T& obj, const Shape& inherited, int indent) {
+    const std::string pad(static_cast<std::size_t>(indent), ' ');
+    const Shape& bs = obj.batch_size_.empty() ? inherited : obj.batch_size_;
+    out += std::string(T::td_tensorclass_name()) + "(\n" + pad + "    fields={\n";
+    for_each_field<T>([&](const auto& f) {
+      using M = typename std::remove_cvref_t<decltype(f)>::member_type;
+      const M& value = obj.*(f.member);
+      out += pad + "        " + std::string(f.name) + ": ";
+      if constexpr (std::is_same_v<M, Tensor>) {
+        if (!value.defined()) {
+          out += "Tensor(undefined)";
+        } else {
+          out += fmt::format("Tensor(shape={}, dtype={}{}{})", shape_str(value.shape()),
+                             name(value.dtype()), value.is_sparse() ? ", sparse" : "",
+                             !value.is_sparse() && !value.is_contiguous() ? ", strided" : "");
+        }
+      } else {
+        print(out, value, bs, indent + 8);
+      }
+      out += ",\n";
+    });
+    out += pad + "    },\n" + pad + "    batch_size=" + shape_str(bs) + ")";
+  }
+};
+
+}  // namespace detail
+
+/// CRTP base of a tensorclass: a struct of td::Tensor fields and nested tensorclasses that
+/// converts to and from a TensorDict (keys = field names, nested tensorclasses = sub-dicts) and
+/// runs every TensorDict collective on its fields in place. Declare the fields once:
+///
+/// ```cpp
+/// struct Obs : td::TensorClass<Obs> {
+///   td::Tensor pixels, joints;
+///   TD_TENSORCLASS_FIELDS(Obs, pixels, joints)
+/// };
+/// ```
+///
+/// Every member forwards to to_tensordict(), whose leaves share the fields' storage, so the
+/// semantics (canonical sorted key order, layout agreement, bucketing, errors) are
+/// TensorDict's. A field that is an undefined td::Tensor makes every operation but equal() and
+/// printing throw td::Error naming it. See docs/tensorclass.md.
+template <class Derived>
+class TensorClass {
+ public:
+  /// The batch size (leading dimensions every field shares); empty by default. A nested
+  /// tensorclass whose batch size is empty takes its parent's when converted.
+  const Shape& batch_size() const noexcept { return batch_size_; }
+  /// Sets the batch size, checked against the fields by the next conversion; returns *this.
+  Derived& set_batch_size(Shape batch_size) {
+    batch_size_ = std::move(batch_size);
+    return derived();
+  }
+
+  /// The declared field names (the keys), in declaration order.
+  static constexpr auto field_names() { return detail::TensorClassAccess::names<Derived>(); }
+
+  /// A TensorDict whose leaves share the fields' storage (nested tensorclasses become
+  /// sub-dicts), in declaration order. Throws td::Error naming an undefined field, and
+  /// std::invalid_argument naming a field whose shape does not start with the batch size.
+  TensorDict to_tensordict() const {
+    return detail::TensorClassAccess::build(derived(), {}, "", Derived::td_tensorclass_name());
+  }
+  /// The tensorclass holding `d`'s leaves (sharing storage) and batch sizes. Throws td::KeyError
+  /// naming a missing key, and td::Error naming a key that is not a field or that holds a tensor
+  /// where the field is a tensorclass (or the reverse).
+  static Derived from_tensordict(const TensorDict& d) {
+    Derived out{};
+    detail::TensorClassAccess::load(out, d, "", Derived::td_tensorclass_name());
+    return out;
+  }
+
+  /// A copy whose fields are deep copies (members that are not fields are copied as they are).
+  Derived clone() const {
+    Derived out = derived();
+    detail::TensorClassAccess::rebind(out, to_tensordict().clone());
+    return out;
+  }
+  /// A copy with fn applied to every field (results must still start with the batch size).
+  Derived apply(const std::function<Tensor(const Tensor&)>& fn) const {
+    Derived out = derived();
+    detail::TensorClassAccess::rebind(out, to_tensordict().apply(fn));
+    return out;
+  }
+  /// Sets every field to zero in place.
+  Derived& zero_() {
+    in_place([](TensorDict& d) {
+      d.zero_();
+      return std::vector<Work>{};
+    });
+    return derived();
+  }
+  /// TensorDict::consolidate(): every dense field becomes a view into one storage per dtype, so
+  /// bucketed collectives need no pack copies. Tensors taken from the fields before still point
+  /// to the old storage.
+  Derived& consolidate() {
+    in_place([](TensorDict& d) {
+      d.consolidate();
+      return std::vector<Work>{};
+    });
+    return derived();
+  }
+  /// Same batch size and equal fields (Tensor::equal; two undefined fields are equal). Members
+  /// that are not fields are not compared.
+  bool equal(const Derived& other) const {
+    return detail::TensorClassAccess::equal(derived(), other, {}, {});
+  }
+  /// Same as equal().
+  friend bool operator==(const Derived& a, const Derived& b) { return a.equal(b); }
+
+  /// TensorDict::all_reduce on the fields, in place.
+  std::vector<Work> all_reduce(ReduceOp op = ReduceOp::SUM, const CollectiveOptions& opts = {}) {
+    return in_place([&](TensorDict& d) { return d.all_reduce(op, opts); });
+  }
+  /// TensorDict::reduce on the fields, in place; only `dst`'s fields are guaranteed reduced.
+  std::vector<Work> reduce(int dst, ReduceOp op = ReduceOp::SUM,
+                           const CollectiveOptions& opts = {}) {
+    return in_place([&](TensorDict& d) { return d.reduce(dst, op, opts); });
+  }
+  /// TensorDict::broadcast: copies rank `src`'s fields into every rank's fields.
+  std::vector<Work> broadcast(int src, const CollectiveOptions& opts = {}) {
+    return in_place([&](TensorDict& d) { return d.broadcast(src, opts); });
+  }
+  /// TensorDict::send: sends every field to rank `dst`, whose matching recv() has the same
+  /// layout.
+  std::vector<Work> send(int dst, const CollectiveOptions& opts = {}) const {
+    return to_tensordict().send(dst, opts);
+  }
+  /// TensorDict::recv: receives every field from rank `src` into this struct's fields.
+  std::vector<Work> recv(int src, const CollectiveOptions& opts = {}) {
+    return in_place([&](TensorDict& d) { return d.recv(src, opts); });
+  }
+  /// TensorDict::isend: send() with async_op set.
+  std::vector<Work> isend(int dst, const CollectiveOptions& opts = {}) const {
+    return to_tensordict().isend(dst, opts);
+  }
+  /// TensorDict::irecv: recv() with async_op set; the fields are valid after wait().
+  std::vector<Work> irecv(int src, const CollectiveOptions& opts = {}) {
+    return in_place([&](TensorDict& d) { return d.irecv(src, opts); });
+  }
+  /// TensorDict::all_gather: [r] is rank r's struct.
+  std::vector<Derived> all_gather(const CollectiveOptions& opts = {}) const {
+    return from_dicts(to_tensordict().all_gather(opts));
+  }
+  /// TensorDict::gather: every rank's struct on `dst` ([r] is rank r's); empty on other ranks.
+  std::vector<Derived> gather(int dst, const CollectiveOptions& opts = {}) const {
+    return from_dicts(to_tensordict().gather(dst, opts));
+  }
+  /// TensorDict::all_gather into `out` (replaced right away; with opts.async_op its fields are
+  /// valid after every returned Work's wait()).
+  std::vector<Work> all_gather(std::vector<Derived>& out,
+                               const CollectiveOptions& opts = {}) const {
+    std::vector<TensorDict> dicts;
+    std::vector<Work> works = to_tensordict().all_gather(dicts, opts);
+    out = from_dicts(dicts);
+    return works;
+  }
+  /// TensorDict::gather into `out` on `dst` (emptied elsewhere; async like all_gather(out)).
+  std::vector<Work> gather(int dst, std::vector<Derived>& out,
+                           const CollectiveOptions& opts = {}) const {
+    std::vector<TensorDict> dicts;
+    std::vector<Work> works = to_tensordict().gather(dst, dicts, opts);
+    out = from_dicts(dicts);
+    return works;
+  }
+  /// TensorDict::all_gather_stacked: every field [size, *shape], batch size [size, *batch].
+  Derived all_gather_stacked(const CollectiveOptions& opts = {}) const {
+    return from_tensordict(to_tensordict().all_gather_stacked(opts));
+  }
+  /// TensorDict::all_gather_stacked into `out` (async like all_gather(out)).
+  std::vector<Work> all_gather_stacked(Derived& out, const CollectiveOptions& opts = {}) const {
+    TensorDict d;
+    std::vector<Work> works = to_tensordict().all_gather_stacked(d, opts);
+    out = from_tensordict(d);
+    return works;
+  }
+  /// TensorDict::scatter: on src, parts[r] goes to rank r's fields (which hold one part's
+  /// layout); `parts` is ignored on other ranks.
+  std::vector<Work> scatter(int src, const std::vector<Derived>& parts,
+                            const CollectiveOptions& opts = {}) {
+    std::vector<TensorDict> dicts;
+    dicts.reserve(parts.size());
+    for (const Derived& p : parts) dicts.push_back(p.to_tensordict());
+    return in_place([&](TensorDict& d) { return d.scatter(src, dicts, opts); });
+  }
+  /// TensorDict::reduce_scatter: this rank's shard (first dimension split evenly across the
+  /// group) of the reduced fields.
+  Derived reduce_scatter(ReduceOp op = ReduceOp::SUM, const CollectiveOptions& opts = {}) const {
+    return from_tensordict(to_tensordict().reduce_scatter(op, opts));
+  }
+  /// TensorDict::reduce_scatter into `out` (async like all_gather(out)).
+  std::vector<Work> reduce_scatter(Derived& out, ReduceOp op = ReduceOp::SUM,
+                                   const CollectiveOptions& opts = {}) const {
+    TensorDict d;
+    std::vector<Work> works = to_tensordict().reduce_scatter(d, op, opts);
+    out = from_tensordict(d);
+    return works;
+  }
+
+ private:
+  friend struct detail::TensorClassAccess;
+
+  Derived& derived() noexcept { return static_cast<Derived&>(*this); }
+  const Derived& derived() const noexcept { return static_cast<const Derived&>(*this); }
+
+  // Runs fn on a dict sharing the fields' storage, then points the fields at its leaves (a
+  // collective may replace a leaf, e.g. a sparse one, rather than write into it).
+  template <class F>
+  std::vector<Work> in_place(F&& fn) {
+    TensorDict d = to_tensordict();
+    std::vector<Work> works = std::forward<F>(fn)(d);
+    detail::TensorClassAccess::rebind(derived(), d);
+    return works;
+  }
+
+  static std::vector<Derived> from_dicts(const std::vector<TensorDict>& dicts) {
+    std::vector<Derived> out;
+    out.reserve(dicts.size());
+    for (const TensorDict& d : dicts) out.push_back(from_tensordict(d));
+    return out;
+  }
+
+  // Invariant: the batch size the struct was given, or empty (then a parent's applies).
+  Shape batch_size_;
+};
+
+/// Generic code's conversion: a TensorDict is returned as a structure copy sharing storage.
+inline TensorDict to_tensordict(const TensorDict& d) { return d; }
+/// Generic code's conversion: same as x.to_tensordict().
+template <TensorClassType T>
+TensorDict to_tensordict(const T& x) {
+  return x.to_tensordict();
+}
+
+/// Prints the struct's fields (shapes and dtypes) in declaration order, like TensorDict's
+/// to_string() with the struct names.
+template <TensorClassType T>
+std::string to_string(const T& x) {
+  std::string out;
+  detail::TensorClassAccess::print(out, x, {}, 0);
+  return out;
+}
+/// Prints like to_string().
+template <TensorClassType T>
+std::ostream& operator<<(std::ostream& os, const T& x) {
+  return os << to_string(x);
+}
+
+}  // namespace td
+
+/// Declares the fields of a tensorclass, inside its body: `TD_TENSORCLASS_FIELDS(Type, f1, f2)`
+/// with 1 to 64 data members of Type, each a td::Tensor or a tensorclass. Each name becomes a key.
+/// Expands to public static members named td_tensorclass_*, and leaves the access `public`.
+#define TD_TENSORCLASS_FIELDS(Type, ...)                                                  \
+ public:                                                                                  \
+  static constexpr std::string_view td_tensorclass_name() noexcept { return #Type; }      \
+  static constexpr auto td_tensorclass_fields() noexcept {                                \
+    return std::make_tuple(TD_DETAIL_TC_FOR_EACH(TD_DETAIL_TC_FIELD, Type, __VA_ARGS__)); \
+  }
+
+/// @cond
+#define TD_DETAIL_TC_FIELD(Type, field) ::td::detail::tensorclass_field(#field, &Type::field)
+#define TD_DETAIL_TC_TOO_MANY_FIELDS(m, t, ...) TD_TENSORCLASS_FIELDS_takes_at_most_64_fields
+// clang-format off
+// FE_n applies m(t, x) to n fields, comma separated; PICK selects FE_n by counting the fields.
+#define TD_DETAIL_TC_FE_1(m, t, x) m(t, x)
+#define TD_DETAIL_TC_FE_2(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_1(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_3(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_2(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_4(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_3(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_5(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_4(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_6(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_5(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_7(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_6(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_8(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_7(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_9(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_8(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_10(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_9(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_11(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_10(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_12(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_11(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_13(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_12(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_14(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_13(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_15(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_14(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_16(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_15(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_17(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_16(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_18(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_17(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_19(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_18(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_20(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_19(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_21(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_20(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_22(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_21(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_23(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_22(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_24(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_23(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_25(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_24(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_26(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_25(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_27(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_26(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_28(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_27(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_29(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_28(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_30(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_29(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_31(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_30(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_32(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_31(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_33(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_32(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_34(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_33(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_35(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_34(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_36(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_35(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_37(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_36(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_38(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_37(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_39(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_38(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_40(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_39(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_41(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_40(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_42(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_41(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_43(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_42(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_44(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_43(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_45(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_44(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_46(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_45(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_47(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_46(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_48(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_47(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_49(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_48(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_50(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_49(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_51(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_50(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_52(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_51(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_53(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_52(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_54(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_53(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_55(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_54(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_56(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_55(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_57(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_56(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_58(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_57(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_59(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_58(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_60(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_59(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_61(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_60(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_62(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_61(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_63(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_62(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_FE_64(m, t, x, ...) m(t, x), TD_DETAIL_TC_FE_63(m, t, __VA_ARGS__)
+#define TD_DETAIL_TC_PICK(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, _17, _18, _19, _20, _21, _22, _23, _24, _25, _26, _27, _28, _29, _30, _31, _32, _33, _34, _35, _36, _37, _38, _39, _40, _41, _42, _43, _44, _45, _46, _47, _48, _49, _50, _51, _52, _53, _54, _55, _56, _57, _58, _59, _60, _61, _62, _63, _64, _65, name, ...) name
+#define TD_DETAIL_TC_FOR_EACH(m, t, ...) TD_DETAIL_TC_PICK(__VA_ARGS__, TD_DETAIL_TC_TOO_MANY_FIELDS, TD_DETAIL_TC_FE_64, TD_DETAIL_TC_FE_63, TD_DETAIL_TC_FE_62, TD_DETAIL_TC_FE_61, TD_DETAIL_TC_FE_60, TD_DETAIL_TC_FE_59, TD_DETAIL_TC_FE_58, TD_DETAIL_TC_FE_57, TD_DETAIL_TC_FE_56, TD_DETAIL_TC_FE_55, TD_DETAIL_TC_FE_54, TD_DETAIL_TC_FE_53, TD_DETAIL_TC_FE_52, TD_DETAIL_TC_FE_51, TD_DETAIL_TC_FE_50, TD_DETAIL_TC_FE_49, TD_DETAIL_TC_FE_48, TD_DETAIL_TC_FE_47, TD_DETAIL_TC_FE_46, TD_DETAIL_TC_FE_45, TD_DETAIL_TC_FE_44, TD_DETAIL_TC_FE_43, TD_DETAIL_TC_FE_42, TD_DETAIL_TC_FE_41, TD_DETAIL_TC_FE_40, TD_DETAIL_TC_FE_39, TD_DETAIL_TC_FE_38, TD_DETAIL_TC_FE_37, TD_DETAIL_TC_FE_36, TD_DETAIL_TC_FE_35, TD_DETAIL_TC_FE_34, TD_DETAIL_TC_FE_33, TD_DETAIL_TC_FE_32, TD_DETAIL_TC_FE_31, TD_DETAIL_TC_FE_30, TD_DETAIL_TC_FE_29, TD_DETAIL_TC_FE_28, TD_DETAIL_TC_FE_27, TD_DETAIL_TC_FE_26, TD_DETAIL_TC_FE_25, TD_DETAIL_TC_FE_24, TD_DETAIL_TC_FE_23, TD_DETAIL_TC_FE_22, TD_DETAIL_TC_FE_21, TD_DETAIL_TC_FE_20, TD_DETAIL_TC_FE_19, TD_DETAIL_TC_FE_18, TD_DETAIL_TC_FE_17, TD_DETAIL_TC_FE_16, TD_DETAIL_TC_FE_15, TD_DETAIL_TC_FE_14, TD_DETAIL_TC_FE_13, TD_DETAIL_TC_FE_12, TD_DETAIL_TC_FE_11, TD_DETAIL_TC_FE_10, TD_DETAIL_TC_FE_9, TD_DETAIL_TC_FE_8, TD_DETAIL_TC_FE_7, TD_DETAIL_TC_FE_6, TD_DETAIL_TC_FE_5, TD_DETAIL_TC_FE_4, TD_DETAIL_TC_FE_3, TD_DETAIL_TC_FE_2, TD_DETAIL_TC_FE_1)(m, t, __VA_ARGS__)
+// clang-format on
+
+// fmt::format("{}", batch) prints like td::to_string(batch).
+template <class T>
+struct fmt::formatter<T, char, std::enable_if_t<td::is_tensorclass_v<T>>>
+    : fmt::formatter<std::string> {
+  template <class FormatContext>
+  auto format(const T& x, FormatContext& ctx) const {
+    return fmt::formatter<std::string>::format(td::to_string(x), ctx);
+  }
+};
+/// @endcond

@@ -1,0 +1,514 @@
+// td::TensorClass collectives: every TensorDict collective on a struct of fields (nested, one of
+// them a transposed view), against values every rank computes locally, sync and async, bucketed
+// and not, in the world and in a group that leaves ranks out.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <tensordict/tensordict.hpp>
+
+using td::DType;
+using td::Key;
+using td::ReduceOp;
+using td::Tensor;
+using td::TensorDict;
+
+namespace {
+
+struct Obs : td::TensorClass<Obs> {
+  Tensor pixels;  // float32 [kRows, 3, 2]
+  Tensor joints;  // float64 [kRows, 5], a transposed (non-contiguous) view
+  TD_TENSORCLASS_FIELDS(Obs, pixels, joints)
+};
+
+struct Batch : td::TensorClass<Batch> {
+  Obs obs;
+  Tensor actions;  // float32 [kRows, 2]
+  Tensor rewards;  // float64 [kRows]
+  Tensor steps;    // int64 [kRows], or float32 where the op needs floats (AVG)
+  TD_TENSORCLASS_FIELDS(Batch, obs, actions, rewards, steps)
+};
+
+constexpr std::int64_t kRows = 12;  // divisible by every group size from 1 to 4
+
+struct FieldSpec {
+  Key key;
+  td::Shape shape;
+  int id;
+};
+
+const std::vector<FieldSpec>& field_specs() {
+  static const std::vector<FieldSpec> specs = {
+      {Key({"obs", "pixels"}), {kRows, 3, 2}, 0},
+      {Key({"obs", "joints"}), {kRows, 5}, 1},
+      {Key("actions"), {kRows, 2}, 2},
+      {Key("rewards"), {kRows}, 3},
+      {Key("steps"), {kRows}, 4},
+  };
+  return specs;
+}
+
+// Element i (row-major) of field `id` of "rank" `who`'s batch. Sums over ranks are multiples of
+// the group size, so SUM and AVG are exact in every dtype used.
+double value(int who, int id, std::int64_t i) {
+  return who * 1000.0 + id * 100.0 + static_cast<double>(i);
+}
+
+template <class T>
+Tensor filled(const td::Shape& shape, int who, int id) {
+  std::int64_t n = 1;
+  for (const std::int64_t s : shape) n *= s;
+  std::vector<T> v(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < v.size(); ++i)
+    v[i] = static_cast<T>(value(who, id, static_cast<std::int64_t>(i)));
+  return Tensor::from_vector<T>(v, shape);
+}
+
+Batch make_batch(int who, bool floats_only = false) {
+  Batch b;
+  b.set_batch_size({kRows});
+  b.obs.pixels = filled<float>({kRows, 3, 2}, who, 0);
+  b.obs.joints = Tensor::empty({5, kRows}, DType::Float64).transpose(0, 1);
+  b.obs.joints.copy_(filled<double>({kRows, 5}, who, 1));
+  b.actions = filled<float>({kRows, 2}, who, 2);
+  b.rewards = filled<double>({kRows}, who, 3);
+  b.steps = floats_only ? filled<float>({kRows}, who, 4) : filled<std::int64_t>({kRows}, who, 4);
+  return b;
+}
+
+// Whether `t` has `shape` and holds f(i) at every logical position i.
+template <class F>
+bool holds(const Tensor& t, const td::Shape& shape, F&& f) {
+  if (!t.defined() || t.shape() != shape) return false;
+  return td::visit(t.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (std::is_arithmetic_v<T>) {
+      const auto v = t.to_vector<T>();
+      for (std::size_t i = 0; i < v.size(); ++i)
+        if (static_cast<double>(v[i]) != f(static_cast<std::int64_t>(i))) return false;
+      return true;
+    } else {
+      return false;
+    }
+  });
+}
+
+// Every field of `b` (read through the struct's members, not a dict) with its spec.
+std::vector<std::pair<const Tensor*, const FieldSpec*>> fields_of(const Batch& b) {
+  const auto& s = field_specs();
+  return {{&b.obs.pixels, &s[0]},
+          {&b.obs.joints, &s[1]},
+          {&b.actions, &s[2]},
+          {&b.rewards, &s[3]},
+          {&b.steps, &s[4]}};
+}
+
+// Whether every field of `b` holds f(field id, i), with the specs' shapes (first dim `rows`).
+template <class F>
+bool fields_hold(const Batch& b, F&& f, std::int64_t rows = kRows) {
+  bool ok = true;
+  for (const auto& field : fields_of(b)) {
+    const Tensor& t = *field.first;
+    const FieldSpec& spec = *field.second;
+    td::Shape shape = spec.shape;
+    shape[0] = rows;
+    if (!holds(t, shape, [&](std::int64_t i) { return f(spec.id, i); })) {
+      UNSCOPED_INFO("field " << spec.key.str() << " wrong: " << t);
+      ok = false;
+    }
+  }
+  return ok;
+}
+
+bool is_batch_of(const Batch& b, int who) {
+  return b.batch_size() == td::Shape{kRows} &&
+         fields_hold(b, [&](int id, std::int64_t i) { return value(who, id, i); });
+}
+
+// The reduction of element i of field `id` over ranks 0..size-1 (SUM, MAX or AVG).
+double reduced(ReduceOp op, int size, int id, std::int64_t i) {
+  if (op == ReduceOp::MAX) return value(size - 1, id, i);
+  double acc = 0;
+  for (int r = 0; r < size; ++r) acc += value(r, id, i);
+  return op == ReduceOp::AVG ? acc / size : acc;
+}
+
+struct Variant {
+  bool async_op;
+  std::optional<std::size_t> bucket_bytes;
+};
+const Variant kVariants[] = {{false, std::nullopt}, {false, 64}, {false, td::kAutoBucketBytes},
+                             {true, std::nullopt},  {true, 64},  {true, td::kAutoBucketBytes}};
+
+td::CollectiveOptions options(const Variant& v, std::optional<td::ProcessGroup> group = {}) {
+  td::CollectiveOptions o;
+  o.async_op = v.async_op;
+  o.bucket_bytes = v.bucket_bytes;
+  o.group = std::move(group);
+  return o;
+}
+
+std::string describe(const Variant& v) {
+  return fmt::format("async_op={} bucket_bytes={}", v.async_op,
+                     !v.bucket_bytes                           ? std::string("none")
+                     : *v.bucket_bytes == td::kAutoBucketBytes ? std::string("auto")
+                                                               : std::to_string(*v.bucket_bytes));
+}
+
+}  // namespace
+
+TEST_CASE("all_reduce updates the fields in place", "[tensorclass]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  for (const ReduceOp op : {ReduceOp::SUM, ReduceOp::AVG, ReduceOp::MAX}) {
+    for (const auto& v : kVariants) {
+      INFO("op=" << td::name(op) << " " << describe(v));
+      Batch b = make_batch(rank, op == ReduceOp::AVG);
+      const Tensor joints = b.obs.joints;  // a handle taken before the call
+      std::vector<td::Work> works = b.all_reduce(op, options(v));
+      if (!v.async_op) CHECK(works.empty());
+      td::wait_all(works);
+      CHECK(fields_hold(b, [&](int id, std::int64_t i) { return reduced(op, size, id, i); }));
+      CHECK(b.obs.joints.shares_storage_with(joints));
+      CHECK_FALSE(b.obs.joints.is_contiguous());
+      CHECK(joints.to_vector<double>()[1] == reduced(op, size, 1, 1));
+      CHECK(b.batch_size() == td::Shape{kRows});
+    }
+  }
+}
+
+TEST_CASE("a tensorclass reduces exactly like its TensorDict", "[tensorclass]") {
+  const int rank = td::get_rank();
+  for (const auto& v : kVariants) {
+    INFO(describe(v));
+    Batch b = make_batch(rank, true);
+    TensorDict d = make_batch(rank, true).to_tensordict();  // same layout, its own storage
+    auto bw = b.all_reduce(ReduceOp::AVG, options(v));
+    auto dw = d.all_reduce(ReduceOp::AVG, options(v));
+    CHECK(bw.size() == dw.size());  // the same buckets
+    td::wait_all(bw);
+    td::wait_all(dw);
+    CHECK(b.to_tensordict() == d);
+    CHECK(Batch::from_tensordict(d) == b);
+  }
+}
+
+TEST_CASE("reduce reaches dst", "[tensorclass]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  for (const auto& v : kVariants) {
+    for (int dst = size - 1; dst >= 0; --dst) {  // the non-zero roots first
+      INFO("dst=" << dst << " " << describe(v));
+      Batch b = make_batch(rank);
+      auto works = b.reduce(dst, ReduceOp::SUM, options(v));
+      td::wait_all(works);
+      if (rank == dst)
+        CHECK(fields_hold(
+            b, [&](int id, std::int64_t i) { return reduced(ReduceOp::SUM, size, id, i); }));
+    }
+  }
+}
+
+TEST_CASE("broadcast copies src's fields everywhere", "[tensorclass]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  for (const auto& v : kVariants) {
+    for (int src = 0; src < size; ++src) {
+      INFO("src=" << src << " " << describe(v));
+      Batch b = make_batch(rank);
+      const Tensor joints = b.obs.joints;
+      auto works = b.broadcast(src, options(v));
+      td::wait_all(works);
+      CHECK(is_batch_of(b, src));
+      CHECK(b.obs.joints.shares_storage_with(joints));
+    }
+  }
+}
+
+TEST_CASE("all_gather and gather return every rank's struct", "[tensorclass]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  for (const auto& v : kVariants) {
+    INFO(describe(v));
+    const Batch mine = make_batch(rank);
+    const std::vector<Batch> all = mine.all_gather(options(v));
+    REQUIRE(all.size() == static_cast<std::size_t>(size));
+    for (int r = 0; r < size; ++r) {
+      INFO("from rank " << r);
+      const Batch& got = all[static_cast<std::size_t>(r)];
+      CHECK(is_batch_of(got, r));
+      CHECK(got.obs.batch_size() == td::Shape{kRows});
+      CHECK(got == make_batch(r));
+    }
+    CHECK(is_batch_of(mine, rank));  // the input is left alone
+
+    for (int dst = 0; dst < size; ++dst) {
+      INFO("dst=" << dst);
+      const std::vector<Batch> at_dst = mine.gather(dst, options(v));
+      if (rank == dst) {
+        REQUIRE(at_dst.size() == static_cast<std::size_t>(size));
+        for (int r = 0; r < size; ++r) CHECK(is_batch_of(at_dst[static_cast<std::size_t>(r)], r));
+      } else {
+        CHECK(at_dst.empty());
+      }
+    }
+  }
+}
+
+TEST_CASE("scatter sends parts[r] into rank r's fields", "[tensorclass]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  for (const auto& v : kVariants) {
+    for (int src = 0; src < size; ++src) {
+      INFO("src=" << src << " " << describe(v));
+      std::vector<Batch> parts;
+      if (rank == src)
+        for (int r = 0; r < size; ++r) parts.push_back(make_batch(r + 10));
+      Batch mine = make_batch(-1);
+      const Tensor joints = mine.obs.joints;  // non-contiguous, filled in place
+      auto works = mine.scatter(src, parts, options(v));
+      td::wait_all(works);
+      CHECK(is_batch_of(mine, rank + 10));
+      CHECK(mine.obs.joints.shares_storage_with(joints));
+      CHECK(joints.to_vector<double>()[1] == value(rank + 10, 1, 1));
+    }
+  }
+}
+
+TEST_CASE("reduce_scatter returns this rank's shard as a struct", "[tensorclass]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  const std::int64_t rows = kRows / size;
+  for (const ReduceOp op : {ReduceOp::SUM, ReduceOp::AVG}) {
+    for (const auto& v : kVariants) {
+      INFO("op=" << td::name(op) << " " << describe(v));
+      const Batch b = make_batch(rank, op == ReduceOp::AVG);
+      const Batch shard = b.reduce_scatter(op, options(v));
+      CHECK(shard.batch_size() == td::Shape{rows});
+      CHECK(shard.obs.batch_size() == td::Shape{rows});
+      CHECK(fields_hold(
+          shard,
+          [&](int id, std::int64_t i) {
+            const FieldSpec& s = field_specs()[static_cast<std::size_t>(id)];
+            std::int64_t per_row = 1;  // elements in one row of the full field
+            for (std::size_t k = 1; k < s.shape.size(); ++k) per_row *= s.shape[k];
+            return reduced(op, size, id, rank * rows * per_row + i);
+          },
+          rows));
+      CHECK(is_batch_of(b, rank));  // the input is left alone
+    }
+  }
+}
+
+TEST_CASE("send and recv between rank pairs", "[tensorclass]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  if (size < 2) return;
+  const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+  for (const bool async_op : {false, true}) {
+    INFO("async_op=" << async_op);
+    const td::CollectiveOptions opts{.async_op = async_op};
+    const Batch first = make_batch(rank), second = make_batch(rank + 50);
+    Batch got_first = make_batch(-1), got_second = make_batch(-1);
+    const Tensor joints = got_first.obs.joints;
+    auto send_both = [&] {
+      auto w1 = first.send(next, opts);
+      auto w2 = second.send(next, opts);
+      td::wait_all(w1);
+      td::wait_all(w2);
+    };
+    auto recv_both = [&] {
+      auto w1 = got_first.recv(prev, opts);
+      auto w2 = got_second.recv(prev, opts);
+      td::wait_all(w1);
+      td::wait_all(w2);
+    };
+    // Blocking calls: even ranks send first, odd ranks receive first (no cycle of waits).
+    if (rank % 2 == 0) {
+      send_both();
+      recv_both();
+    } else {
+      recv_both();
+      send_both();
+    }
+    CHECK(is_batch_of(got_first, prev));
+    CHECK(is_batch_of(got_second, prev + 50));
+    CHECK(got_first.obs.joints.shares_storage_with(joints));
+    CHECK(is_batch_of(first, rank));
+  }
+}
+
+TEST_CASE("collectives in a group that leaves ranks out", "[tensorclass][group]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  std::vector<int> evens;
+  for (int r = 0; r < size; r += 2) evens.push_back(r);
+  const td::ProcessGroup group = td::new_group(evens);
+  for (const auto& v : {kVariants[1], kVariants[3]}) {
+    INFO(describe(v));
+    const td::CollectiveOptions opts = options(v, group);
+    if (rank % 2 == 0) {
+      const int n = group.size(), me = group.rank();
+      Batch b = make_batch(rank, true);
+      auto works = b.all_reduce(ReduceOp::AVG, opts);
+      td::wait_all(works);
+      CHECK(fields_hold(b, [&](int id, std::int64_t i) {
+        double acc = 0;
+        for (int r : evens) acc += value(r, id, i);
+        return acc / n;
+      }));
+
+      Batch r = make_batch(rank);
+      works = r.reduce(n - 1, ReduceOp::MAX, opts);
+      td::wait_all(works);
+      if (me == n - 1) CHECK(is_batch_of(r, evens.back()));
+
+      Batch c = make_batch(rank);
+      works = c.broadcast(n - 1, opts);
+      td::wait_all(works);
+      CHECK(is_batch_of(c, evens.back()));
+
+      const auto all = make_batch(rank).all_gather(opts);
+      REQUIRE(all.size() == static_cast<std::size_t>(n));
+      for (int g = 0; g < n; ++g) CHECK(is_batch_of(all[static_cast<std::size_t>(g)], 2 * g));
+
+      const auto at0 = make_batch(rank).gather(0, opts);
+      CHECK(at0.size() == (me == 0 ? static_cast<std::size_t>(n) : 0u));
+
+      std::vector<Batch> parts;
+      if (me == 0)
+        for (int g = 0; g < n; ++g) parts.push_back(make_batch(g + 20));
+      Batch mine = make_batch(-1);
+      works = mine.scatter(0, parts, opts);
+      td::wait_all(works);
+      CHECK(is_batch_of(mine, me + 20));
+
+      const Batch shard = make_batch(rank).reduce_scatter(ReduceOp::SUM, opts);
+      CHECK(shard.batch_size() == td::Shape{kRows / n});
+
+      if (n > 1) {  // group ranks 0 and 1 are world ranks 0 and 2
+        if (me == 0) {
+          works = make_batch(rank).send(1, opts);
+          td::wait_all(works);
+        }
+        if (me == 1) {
+          Batch got = make_batch(-1);
+          works = got.recv(0, opts);
+          td::wait_all(works);
+          CHECK(is_batch_of(got, 0));
+        }
+      }
+    } else {
+      Batch b = make_batch(rank);
+      std::vector<Batch> none;
+      CHECK_THROWS_AS(b.all_reduce(ReduceOp::SUM, opts), std::invalid_argument);
+      CHECK_THROWS_AS(b.reduce(0, ReduceOp::SUM, opts), std::invalid_argument);
+      CHECK_THROWS_AS(b.broadcast(0, opts), std::invalid_argument);
+      CHECK_THROWS_AS(b.all_gather(opts), std::invalid_argument);
+      CHECK_THROWS_AS(b.gather(0, opts), std::invalid_argument);
+      CHECK_THROWS_AS(b.scatter(0, none, opts), std::invalid_argument);
+      CHECK_THROWS_AS(b.reduce_scatter(ReduceOp::SUM, opts), std::invalid_argument);
+      CHECK_THROWS_AS(b.send(0, opts), std::invalid_argument);
+      CHECK_THROWS_AS(b.recv(0, opts), std::invalid_argument);
+      CHECK(is_batch_of(b, rank));
+    }
+  }
+  td::barrier();
+}
+
+TEST_CASE("a sparse field follows the collective's result", "[tensorclass][sparse]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  for (const auto& v : kVariants) {
+    INFO(describe(v));
+    Batch b = make_batch(rank);
+    // Rank r holds one entry, at row r % kRows, of value r + 1.
+    b.rewards = Tensor::sparse_coo(Tensor::from_vector<std::int64_t>({rank % kRows}, {1, 1}),
+                                   Tensor::from_vector<double>({rank + 1.0}), {kRows});
+    auto works = b.all_reduce(ReduceOp::SUM, options(v));
+    td::wait_all(works);
+    REQUIRE(b.rewards.is_sparse());
+    std::vector<double> expected(kRows, 0.0);
+    for (int r = 0; r < size; ++r) expected[static_cast<std::size_t>(r % kRows)] += r + 1.0;
+    CHECK(b.rewards.to_vector<double>() == expected);
+    CHECK(holds(b.actions, {kRows, 2},
+                [&](std::int64_t i) { return reduced(ReduceOp::SUM, size, 2, i); }));
+  }
+}
+
+TEST_CASE("a layout mismatch raises on every rank, naming the key; nothing changes",
+          "[tensorclass][errors]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  if (size < 2) return;
+  for (const auto& v : kVariants) {
+    INFO(describe(v));
+    Batch b = make_batch(rank);
+    if (rank == size - 1) b.obs.pixels = filled<float>({kRows, 2, 3}, rank, 0);
+    const Batch before = b.clone();
+    try {
+      b.all_reduce(ReduceOp::SUM, options(v));
+      FAIL("expected LayoutMismatchError");
+    } catch (const td::LayoutMismatchError& e) {
+      CHECK_THAT(e.what(), Catch::Matchers::Contains("'obs.pixels'"));
+    }
+    CHECK(b == before);
+    CHECK_THROWS_AS(b.all_gather(options(v)), td::LayoutMismatchError);
+  }
+}
+
+TEST_CASE("an undefined field is an error naming it, before any communication",
+          "[tensorclass][errors]") {
+  Batch b = make_batch(td::get_rank());
+  b.obs.joints = Tensor();  // on every rank: each fails locally, nobody waits for a peer
+  try {
+    b.all_reduce();
+    FAIL("expected td::Error");
+  } catch (const td::Error& e) {
+    CHECK_THAT(e.what(), Catch::Matchers::Contains("field 'obs.joints'"));
+  }
+  CHECK_THROWS_AS(b.broadcast(0), td::Error);
+  CHECK_THROWS_AS(b.all_gather(), td::Error);
+  td::barrier();
+}
+
+TEST_CASE("the filling forms and isend / irecv on a struct, async", "[tensorclass]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  for (const auto& v : kVariants) {
+    INFO(describe(v));
+    const Batch mine = make_batch(rank);
+    std::vector<Batch> all;
+    auto works = mine.all_gather(all, options(v));
+    td::wait_all(works);
+    REQUIRE(all.size() == static_cast<std::size_t>(size));
+    for (int r = 0; r < size; ++r) CHECK(is_batch_of(all[static_cast<std::size_t>(r)], r));
+
+    std::vector<Batch> at0;
+    auto gw = mine.gather(0, at0, options(v));
+    td::wait_all(gw);
+    CHECK(at0.size() == (rank == 0 ? static_cast<std::size_t>(size) : 0u));
+
+    Batch stacked;
+    auto sw = mine.all_gather_stacked(stacked, options(v));
+    td::wait_all(sw);
+    CHECK(stacked.batch_size() == td::Shape{size, kRows});
+    CHECK(stacked.rewards.shape() == td::Shape{size, kRows});
+    std::vector<TensorDict> dicts;
+    for (const Batch& b : all) dicts.push_back(b.to_tensordict());
+    CHECK(stacked.to_tensordict().equal(td::stack(dicts)));
+    for (int r = 0; r < size; ++r)
+      CHECK(stacked.rewards.slice(0, r, r + 1)
+                .view({kRows})
+                .equal(all[static_cast<std::size_t>(r)].rewards));
+    CHECK(stacked == mine.all_gather_stacked(options(v)));
+
+    Batch shard;
+    auto rw = mine.reduce_scatter(shard, ReduceOp::SUM, options(v));
+    td::wait_all(rw);
+    CHECK(shard == mine.reduce_scatter(ReduceOp::SUM));
+
+    if (size > 1) {
+      const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+      Batch got = make_batch(-1);
+      auto r = got.irecv(prev, options(v));
+      auto s = mine.isend(next, options(v));
+      td::wait_all(r);
+      td::wait_all(s);
+      CHECK(is_batch_of(got, prev));
+    }
+  }
+}
