@@ -51,6 +51,10 @@ struct Analysis {
   std::vector<LeafLayout> layout;
   std::string arg_error;          // first bad argument found on this rank ("" if none)
   std::uint64_t layout_hash = 0;  // keys + layouts: the plan cache key
+  // Where each dense leaf's elements start, and its storage (null for undefined and sparse
+  // leaves): stable while the layout ids are, so the packer reads flat arrays instead of
+  // chasing dict entry -> tensor -> storage for every leaf of every call.
+  std::shared_ptr<LeafMemory> memory;
 };
 
 namespace {
@@ -164,6 +168,15 @@ Analysis analyse_layout(std::span<const LeafRef> leaves) {
     a.dtype_mask |= 1u << static_cast<unsigned>(l.dtype);
     a.any_sparse = a.any_sparse || l.sparse;
   }
+  a.memory = std::make_shared<LeafMemory>();
+  a.memory->data.resize(leaves.size(), nullptr);
+  a.memory->storage.resize(leaves.size(), nullptr);
+  for (std::size_t i = 0; i < leaves.size(); ++i) {
+    const Tensor& t = *leaves[i].tensor;
+    if (!t.defined() || a.layout[i].sparse) continue;
+    a.memory->data[i] = TensorAccess::data(t, itemsize(t.dtype()));
+    a.memory->storage[i] = TensorAccess::storage(t);
+  }
   find_aliases(leaves, a);
   for (std::size_t i = 0; i < leaves.size(); ++i) {
     const LeafLayout& l = a.layout[i];
@@ -214,34 +227,15 @@ std::string check_ops(std::span<const LeafRef> leaves, const Analysis& a,
 // What a dict remembers of its last collective's analysis: valid while its canonical order is
 // unchanged and every leaf still has the same storage, offset, dtype, shape and strides.
 struct LayoutCache {
-  struct Snapshot {
-    const void* storage;
-    const void* sparse;
-    std::int64_t offset;
-    DType dtype;
-    Shape shape, strides;
-  };
-  std::uint64_t generation = 0;      // of the dict's canonical order the snapshots follow
-  std::uint64_t generation_now = 0;  // set by the caller: the order's generation for this call
-  std::vector<Snapshot> snapshots;
+  std::uint64_t generation = 0;           // of the dict's canonical order the snapshots follow
+  std::uint64_t generation_now = 0;       // set by the caller: the order's generation for this call
+  std::vector<std::uint64_t> layout_ids;  // of every leaf when `analysis` was made
   Analysis analysis;
 };
 
 std::shared_ptr<LayoutCache> make_layout_cache() { return std::make_shared<LayoutCache>(); }
 
 namespace {
-
-LayoutCache::Snapshot snapshot_of(const Tensor& t) {
-  return {TensorAccess::storage(t), TensorAccess::sparse_parts(t), TensorAccess::offset(t),
-          TensorAccess::dtype(t),   TensorAccess::shape(t),        TensorAccess::strides(t)};
-}
-
-// Runs once per leaf per call: plain field reads, no checks, no allocation.
-bool matches(const LayoutCache::Snapshot& s, const Tensor& t) {
-  return s.storage == TensorAccess::storage(t) && s.sparse == TensorAccess::sparse_parts(t) &&
-         s.offset == TensorAccess::offset(t) && s.dtype == TensorAccess::dtype(t) &&
-         s.shape == TensorAccess::shape(t) && s.strides == TensorAccess::strides(t);
-}
 
 const Analysis& analyse_cached(std::span<const LeafRef> leaves, LayoutCache* cache,
                                Analysis& scratch) {
@@ -250,14 +244,17 @@ const Analysis& analyse_cached(std::span<const LeafRef> leaves, LayoutCache* cac
     scratch = analyse_layout(leaves);
     return scratch;
   }
-  bool hit = cache->generation == generation && cache->snapshots.size() == leaves.size();
+  // Runs once per leaf per call: one load and compare (equal layout ids mean equal layouts).
+  bool hit = cache->generation == generation && cache->layout_ids.size() == leaves.size();
+  const std::uint64_t* ids = cache->layout_ids.data();
   for (std::size_t i = 0; hit && i < leaves.size(); ++i)
-    hit = matches(cache->snapshots[i], *leaves[i].tensor);
+    hit = ids[i] == TensorAccess::layout_id(*leaves[i].tensor);
   if (!hit) {
     cache->analysis = analyse_layout(leaves);
-    cache->snapshots.clear();
-    cache->snapshots.reserve(leaves.size());
-    for (const auto& ref : leaves) cache->snapshots.push_back(snapshot_of(*ref.tensor));
+    cache->layout_ids.clear();
+    cache->layout_ids.reserve(leaves.size());
+    for (const auto& ref : leaves)
+      cache->layout_ids.push_back(TensorAccess::layout_id(*ref.tensor));
     cache->generation = generation;
   }
   return cache->analysis;
@@ -463,6 +460,51 @@ void unpack(const BucketPlan::Bucket& b, std::span<const LeafRef> leaves, const 
   }
 }
 
+// The same three on the flat LeafMemory arrays (the sync path's hot loops). A bucket of one
+// strided leaf takes the LeafRef versions above.
+bool contiguous_in_memory(const BucketPlan::Bucket& b, const LeafMemory& m) {
+  if (b.strided) return false;
+  const Storage* storage = m.storage[b.slots[0].leaf];
+  const std::byte* first = m.data[b.slots[0].leaf];
+  for (std::size_t s = 1; s < b.slots.size(); ++s) {
+    const std::size_t leaf = b.slots[s].leaf;
+    if (m.storage[leaf] != storage || m.data[leaf] != first + b.slots[s].offset) return false;
+  }
+  return true;
+}
+
+// Copies a bucket's leaves, merging leaves that lie back to back into one copy, and copying
+// small leaves (the common case of many tiny gradients) with inlined fixed-size moves.
+template <bool kPack>
+void copy_slots(const BucketPlan::Bucket& b, const LeafMemory& m, std::byte* buf) {
+  auto copy = [buf](std::size_t offset, std::byte* leaf, std::size_t n) {
+    std::byte* dst = kPack ? buf + offset : leaf;
+    const std::byte* src = kPack ? leaf : buf + offset;
+    if (n > 256) {
+      std::memcpy(dst, src, n);
+      return;
+    }
+    std::size_t i = 0;
+    for (; i + 16 <= n; i += 16) std::memcpy(dst + i, src + i, 16);
+    for (; i < n; ++i) dst[i] = src[i];
+  };
+  std::size_t run_offset = 0, run_bytes = 0;
+  std::byte* run_start = nullptr;
+  for (const auto& slot : b.slots) {
+    std::byte* p = m.data[slot.leaf];
+    if (run_start != nullptr && p == run_start + run_bytes &&
+        slot.offset == run_offset + run_bytes) {
+      run_bytes += slot.nbytes;
+      continue;
+    }
+    if (run_start != nullptr) copy(run_offset, run_start, run_bytes);
+    run_start = p;
+    run_offset = slot.offset;
+    run_bytes = slot.nbytes;
+  }
+  if (run_start != nullptr) copy(run_offset, run_start, run_bytes);
+}
+
 struct Roles {
   bool sends;     // this rank's data is an input
   bool receives;  // this rank holds the result afterwards
@@ -536,12 +578,12 @@ void note_extra_bytes(std::size_t n) {
 }
 
 void run_sync(const BucketPlan& plan, std::span<const LeafRef> leaves, const CollectiveCall& call,
-              GroupState& g) {
+              GroupState& g, const LeafMemory& mem) {
   const Roles roles = roles_of(call, g.rank);
   std::size_t need = 0;
   std::vector<char> direct(plan.buckets.size());
   for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
-    direct[b] = static_cast<char>(contiguous_in_memory(plan.buckets[b], leaves));
+    direct[b] = static_cast<char>(contiguous_in_memory(plan.buckets[b], mem));
     if (!direct[b]) need = std::max(need, plan.buckets[b].nbytes);
   }
   // TD_SYNC_PIPELINE=1: pack bucket k+1 while bucket k is in flight as a nonblocking collective
@@ -575,8 +617,7 @@ void run_sync(const BucketPlan& plan, std::span<const LeafRef> leaves, const Col
       roles.receives && call.op == ReduceOp::AVG && call.kind != CollectiveKind::Broadcast;
   auto memory_of = [&](std::size_t b) {
     const auto& bk = plan.buckets[b];
-    return direct[b] ? TensorAccess::data(*leaves[bk.slots[0].leaf].tensor, itemsize(bk.dtype))
-                     : scratch->data + (b % slots) * stride;
+    return direct[b] ? mem.data[bk.slots[0].leaf] : scratch->data + (b % slots) * stride;
   };
   auto finish = [&](std::size_t b) {
     const auto& bk = plan.buckets[b];
@@ -584,13 +625,24 @@ void run_sync(const BucketPlan& plan, std::span<const LeafRef> leaves, const Col
     if (avg)
       divide_in_place(p, static_cast<std::int64_t>(bk.nbytes / itemsize(bk.dtype)), bk.dtype,
                       g.size);
-    if (!direct[b] && roles.receives) unpack(bk, leaves, p);
+    if (direct[b] || !roles.receives) return;
+    if (bk.strided) {
+      unpack(bk, leaves, p);
+    } else {
+      copy_slots<false>(bk, mem, p);
+    }
   };
   std::vector<MPI_Request> in_flight;
   for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
     const auto& bk = plan.buckets[b];
     std::byte* p = memory_of(b);
-    if (!direct[b] && roles.sends) pack(bk, leaves, p);  // overlaps bucket b-1 when pipelining
+    if (!direct[b] && roles.sends) {  // overlaps bucket b-1 when pipelining
+      if (bk.strided) {
+        pack(bk, leaves, p);
+      } else {
+        copy_slots<true>(bk, mem, p);
+      }
+    }
     if (!pipeline) {
       for_each_message(bk.nbytes, bk.dtype, plan.max_message_bytes,
                        [&](std::size_t off, int count) {
@@ -814,12 +866,12 @@ PreparedCollective prepare_collective(std::span<const LeafRef> leaves, const Col
   auto plan = plan_for(*g, a, cap, direct_bytes);
   log_debug(
       [&] { return fmt::format("{}: {}", call_header(call, cap, g->size), plan->describe()); });
-  return {std::move(g), std::move(plan), deadline};
+  return {std::move(g), std::move(plan), deadline, a.memory};
 }
 
 std::vector<Work> run_collective(std::span<const LeafRef> leaves, const CollectiveCall& call,
                                  const CollectiveOptions& opts, LayoutCache* cache) {
-  auto [g, plan, deadline] = prepare_collective(leaves, call, opts, {}, cache);
+  auto [g, plan, deadline, memory] = prepare_collective(leaves, call, opts, {}, cache);
   if (opts.async_op) {
     // Sparse leaves finish before the Works are returned: their sizes are only known after a
     // first exchange, so they run eagerly (documented in docs/collectives.md).
@@ -827,7 +879,7 @@ std::vector<Work> run_collective(std::span<const LeafRef> leaves, const Collecti
     run_sparse_leaves(*plan, leaves, call, *g);
     return works;
   }
-  run_sync(*plan, leaves, call, *g);
+  run_sync(*plan, leaves, call, *g, *memory);
   run_sparse_leaves(*plan, leaves, call, *g);
   return {};
 }

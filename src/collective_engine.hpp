@@ -52,11 +52,19 @@ struct CollectiveCall {
   bool from_dict = false;  // bucket_bytes applies (and TD_BUCKET_BYTES)
 };
 
+/// Where each leaf's elements start and which storage holds them (null for undefined and sparse
+/// leaves), in canonical order.
+struct LeafMemory {
+  std::vector<std::byte*> data;
+  std::vector<const Storage*> storage;
+};
+
 /// What a collective knows once every rank agreed: its group, its bucket plan and its deadline.
 struct PreparedCollective {
   std::shared_ptr<GroupState> group;
   std::shared_ptr<const BucketPlan> plan;
   std::chrono::steady_clock::time_point deadline;
+  std::shared_ptr<const LeafMemory> memory;  // of the leaves the collective was prepared on
 };
 
 /// Everything a collective does before moving data: group membership, argument and layout

@@ -1,11 +1,13 @@
 #include "tensordict/tensor.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <ostream>
+#include <utility>
 
 #include <fmt/ranges.h>
 
@@ -83,6 +85,11 @@ void strided_copy(std::byte* dst, const Shape& dst_strides, const std::byte* src
   }
 }
 
+void TensorAccess::renew_layout_id(Tensor& t) {
+  static std::atomic<std::uint64_t> next{1};
+  t.layout_id_ = next.fetch_add(1, std::memory_order_relaxed);
+}
+
 Tensor TensorAccess::view_of(const Tensor& base, std::int64_t offset, Shape shape) {
   Tensor t;
   t.storage_ = base.storage_;
@@ -90,6 +97,7 @@ Tensor TensorAccess::view_of(const Tensor& base, std::int64_t offset, Shape shap
   t.offset_ = offset;
   t.strides_ = contiguous_strides(shape);
   t.shape_ = std::move(shape);
+  renew_layout_id(t);
   return t;
 }
 
@@ -99,6 +107,36 @@ using detail::contiguous_strides;
 using detail::shape_numel;
 
 Tensor::Tensor() = default;
+Tensor::Tensor(const Tensor& other) = default;
+// A moved-from tensor is undefined, with layout id 0: a dict leaf moved out of is seen as
+// changed by the collectives' layout cache (which compares ids), never as the old layout.
+Tensor::Tensor(Tensor&& other) noexcept
+    : storage_(std::move(other.storage_)),
+      offset_(std::exchange(other.offset_, 0)),
+      shape_(std::move(other.shape_)),
+      strides_(std::move(other.strides_)),
+      dtype_(other.dtype_),
+      sparse_(std::move(other.sparse_)),
+      layout_id_(std::exchange(other.layout_id_, 0)) {
+  other.shape_.clear();
+  other.strides_.clear();
+}
+Tensor::~Tensor() = default;
+Tensor& Tensor::operator=(const Tensor& other) = default;
+
+Tensor& Tensor::operator=(Tensor&& other) noexcept {
+  if (this == &other) return *this;
+  storage_ = std::move(other.storage_);
+  offset_ = std::exchange(other.offset_, 0);
+  shape_ = std::move(other.shape_);
+  strides_ = std::move(other.strides_);
+  dtype_ = other.dtype_;
+  sparse_ = std::move(other.sparse_);
+  layout_id_ = std::exchange(other.layout_id_, 0);
+  other.shape_.clear();
+  other.strides_.clear();
+  return *this;
+}
 
 Tensor Tensor::empty(Shape shape, DType dtype) {
   Tensor t;
@@ -107,6 +145,7 @@ Tensor Tensor::empty(Shape shape, DType dtype) {
   t.dtype_ = dtype;
   t.strides_ = contiguous_strides(shape);
   t.shape_ = std::move(shape);
+  detail::TensorAccess::renew_layout_id(t);
   return t;
 }
 
@@ -218,6 +257,7 @@ Tensor Tensor::transpose(std::int64_t d0, std::int64_t d1) const {
   const auto b = static_cast<std::size_t>(wrap_dim(d1, dim(), "transpose"));
   std::swap(t.shape_[a], t.shape_[b]);
   std::swap(t.strides_[a], t.strides_[b]);
+  detail::TensorAccess::renew_layout_id(t);
   return t;
 }
 
@@ -236,6 +276,7 @@ Tensor Tensor::slice(std::int64_t d, std::int64_t start, std::int64_t stop,
   t.offset_ += start * strides_[k];
   t.shape_[k] = (stop - start + step - 1) / step;
   t.strides_[k] *= step;
+  detail::TensorAccess::renew_layout_id(t);
   return t;
 }
 
@@ -277,6 +318,7 @@ void Tensor::zero_() {
     const auto ndim = static_cast<std::int64_t>(shape_.size());
     sparse_ = std::make_shared<detail::SparseParts>(
         detail::SparseParts{zeros({ndim, 0}, DType::Int64), zeros({0}, dtype_), true});
+    detail::TensorAccess::renew_layout_id(*this);
     return;
   }
   if (is_contiguous()) {
@@ -334,6 +376,7 @@ Tensor Tensor::sparse_coo(Tensor indices, Tensor values, Shape shape) {
   t.shape_ = std::move(shape);
   t.sparse_ = std::make_shared<detail::SparseParts>(
       detail::SparseParts{indices.contiguous(), values.contiguous(), false});
+  detail::TensorAccess::renew_layout_id(t);
   return t;
 }
 
@@ -423,6 +466,7 @@ Tensor Tensor::coalesce() const {
   }
   Tensor t = *this;
   t.sparse_ = std::make_shared<detail::SparseParts>(detail::SparseParts{indices, values, true});
+  detail::TensorAccess::renew_layout_id(t);
   return t;
 }
 

@@ -44,6 +44,20 @@ struct TensorDict::Impl {
   std::vector<detail::LeafRef> cache;
   std::shared_ptr<detail::LayoutCache> layout_cache;  // owned here, defined by the collectives
 
+  // Positions of the sub-dicts among `entries`, recomputed when `version` moved on (every
+  // change that can add, remove or replace a sub-dict bumps it).
+  mutable std::vector<std::size_t> sub_positions;
+  mutable std::uint64_t sub_version = ~std::uint64_t{0};
+  const std::vector<std::size_t>& subs() const {
+    if (sub_version != version) {
+      sub_positions.clear();
+      for (std::size_t i = 0; i < entries.size(); ++i)
+        if (std::holds_alternative<TensorDict>(entries[i].value)) sub_positions.push_back(i);
+      sub_version = version;
+    }
+    return sub_positions;
+  }
+
   Entry* find(const std::string& name) {
     auto it = index.find(name);
     return it == index.end() ? nullptr : &entries[it->second];
@@ -477,8 +491,7 @@ const std::vector<LeafRef>& DictAccess::canonical(const TensorDict& cd) {
         return;
       }
       ++k;
-      for (const auto& e : p->entries)
-        if (const auto* sub = std::get_if<TensorDict>(&e.value)) self(self, *sub);
+      for (const std::size_t i : p->subs()) self(self, std::get<TensorDict>(p->entries[i].value));
     };
     check(check, d);
     if (same && k == in.cache_nodes.size()) return in.cache;

@@ -39,6 +39,10 @@ struct TensorAccess {
   static std::byte* data(const Tensor& t, std::size_t isz) {
     return t.storage_->data + t.offset_ * static_cast<std::int64_t>(isz);
   }
+  /// The id of t's layout (see Tensor::layout_id_): equal ids mean equal layouts.
+  static std::uint64_t layout_id(const Tensor& t) { return t.layout_id_; }
+  /// Gives t a new layout id (after setting any of its layout fields).
+  static void renew_layout_id(Tensor& t);
   /// How many tensors share t's storage (1: no other tensor can alias it).
   static long storage_use_count(const Tensor& t) { return t.storage_.use_count(); }
   /// A contiguous view of `base`'s storage starting at element `offset` (used by consolidate).

@@ -364,3 +364,29 @@ TEST_CASE("the layout cache notices leaves replaced through get() between calls"
     CHECK_THROWS_AS(d.all_reduce(ReduceOp::SUM, {.bucket_bytes = 64}), td::LayoutMismatchError);
   }
 }
+
+TEST_CASE("the layout cache notices a leaf moved out of, or given new storage of the same shape",
+          "[tensordict][cache]") {
+  const int size = td::get_world_size();
+  TensorDict d;
+  for (int i = 0; i < 6; ++i) d.set(fmt::format("p{}", i), Tensor::full<float>({4}, 1.f));
+  d.all_reduce(ReduceOp::SUM, {.bucket_bytes = 64});
+  d.all_reduce(ReduceOp::SUM, {.bucket_bytes = 64});  // cached analysis and leaf addresses
+  {
+    // Same shape and strides, another storage: the old storage is freed when `old` goes.
+    Tensor old = d.get("p2");
+    d.get("p2") = Tensor::full<float>({4}, 3.f);
+  }
+  d.all_reduce(ReduceOp::SUM, {.bucket_bytes = 64});
+  CHECK(d.get("p2").to_vector<float>() == std::vector<float>(4, 3.f * static_cast<float>(size)));
+  // Moving a leaf out leaves an undefined tensor behind: an error naming it, not a stale address.
+  const Tensor taken = std::move(d.get("p4"));
+  CHECK_FALSE(d.get("p4").defined());
+  CHECK(taken.defined());
+  try {
+    d.all_reduce(ReduceOp::SUM, {.bucket_bytes = 64});
+    FAIL("all_reduce on an undefined leaf did not throw");
+  } catch (const std::invalid_argument& e) {
+    CHECK_THAT(e.what(), Catch::Matchers::Contains("p4"));
+  }
+}

@@ -32,6 +32,15 @@ class TD_API Tensor {
  public:
   /// An undefined tensor (defined() is false); only assignment and defined() are valid on it.
   Tensor();
+  /// A handle sharing other's storage (and layout).
+  Tensor(const Tensor& other);
+  /// Takes over other's handle; `other` becomes undefined.
+  Tensor(Tensor&& other) noexcept;
+  /// Makes this a handle sharing other's storage (this tensor's old elements are not touched).
+  Tensor& operator=(const Tensor& other);
+  /// Takes over other's handle; `other` becomes undefined.
+  Tensor& operator=(Tensor&& other) noexcept;
+  ~Tensor();
 
   /// Uninitialised contiguous tensor.
   static Tensor empty(Shape shape, DType dtype);
@@ -137,6 +146,10 @@ class TD_API Tensor {
   Shape strides_;
   DType dtype_ = DType::Float32;
   std::shared_ptr<const detail::SparseParts> sparse_;
+  // Names this tensor's layout (every field above): renewed wherever one is set, copied with
+  // the tensor, so two tensors with the same id have the same layout. Lets the collectives see
+  // that a leaf is unchanged since the last call by comparing one number. 0: undefined.
+  std::uint64_t layout_id_ = 0;
 };
 
 /// Prints like torch: tensor([2, 4, 6]), tensor([1., 1.]), with a dtype= suffix where torch prints
