@@ -308,22 +308,36 @@ Work finish_start(const std::shared_ptr<WorkState>& st, const CollectiveOptions&
   return Work(st);
 }
 
+// A transfer's Work, with the handshake's two buffers (header: fingerprint and bucket cap;
+// verdict) held by it.
+struct TransferState {
+  std::shared_ptr<WorkState> st;
+  std::shared_ptr<std::array<std::uint64_t, 2>> header;
+  std::shared_ptr<int> verdict;
+};
+
+TransferState new_transfer_state(const Peer& p, const CollectiveOptions& opts, const Transfer& x,
+                                 const char* direction) {
+  TransferState t{std::make_shared<WorkState>(), std::make_shared<std::array<std::uint64_t, 2>>(),
+                  std::make_shared<int>(0)};
+  t.st->deadline = Clock::now() + detail::timeout_of(opts);
+  t.st->describe = [p, direction] {
+    return fmt::format("{} {} rank {} of the group of {} ranks", p.what, direction, p.rank,
+                       p.group->size);
+  };
+  t.st->keep_alive = x.tensors;
+  t.st->held.push_back(t.header);
+  t.st->held.push_back(t.verdict);
+  return t;
+}
+
 Work start_send(std::span<const LeafRef> leaves, int dst, const CollectiveOptions& opts,
                 std::string_view what, bool from_dict) {
   const Peer p = start_peer_call(dst, what, "dst", /*sending=*/true, opts);
   const std::uint64_t cap = cap_of(opts, from_dict);
   auto x = transfer_of(leaves);
-  auto st = std::make_shared<WorkState>();
-  st->deadline = Clock::now() + detail::timeout_of(opts);
-  st->describe = [p] {
-    return fmt::format("{} to rank {} of the group of {} ranks", p.what, p.rank, p.group->size);
-  };
-  st->keep_alive = x->tensors;
-  auto header = std::make_shared<std::array<std::uint64_t, 2>>();
+  auto [st, header, verdict] = new_transfer_state(p, opts, *x, "to");
   *header = {x->error.empty() ? fingerprint(*x) : 0, cap};
-  auto verdict = std::make_shared<int>(0);
-  st->held.push_back(header);
-  st->held.push_back(verdict);
   st->requests.resize(2, MPI_REQUEST_NULL);
   TD_MPI_CHECK(MPI_Isend(header->data(), 2, MPI_UINT64_T, dst, p.base, p.comm, &st->requests[0]));
   TD_MPI_CHECK(MPI_Irecv(verdict.get(), 1, MPI_INT, dst, p.base + 1, p.comm, &st->requests[1]));
@@ -348,16 +362,7 @@ Work start_recv(std::span<const LeafRef> leaves, int src, const CollectiveOption
                 std::string_view what) {
   const Peer p = start_peer_call(src, what, "src", /*sending=*/false, opts);
   auto x = transfer_of(leaves);
-  auto st = std::make_shared<WorkState>();
-  st->deadline = Clock::now() + detail::timeout_of(opts);
-  st->describe = [p] {
-    return fmt::format("{} from rank {} of the group of {} ranks", p.what, p.rank, p.group->size);
-  };
-  st->keep_alive = x->tensors;
-  auto header = std::make_shared<std::array<std::uint64_t, 2>>();
-  auto verdict = std::make_shared<int>(0);
-  st->held.push_back(header);
-  st->held.push_back(verdict);
+  auto [st, header, verdict] = new_transfer_state(p, opts, *x, "from");
   st->requests.resize(1, MPI_REQUEST_NULL);
   TD_MPI_CHECK(MPI_Irecv(header->data(), 2, MPI_UINT64_T, src, p.base, p.comm, &st->requests[0]));
   st->then = [x, p, header, verdict](WorkState& w) {
