@@ -234,11 +234,25 @@ TEST_CASE("exchange collectives on a group that leaves ranks out", "[exchange]")
   for (int r = 0; r < size; r += 2) evens.push_back(r);
   const td::ProcessGroup group = td::new_group(evens);
   const td::CollectiveOptions opts{.group = group, .bucket_bytes = 256};
+  const td::CollectiveOptions async{.group = group, .async_op = true, .bucket_bytes = 256};
   if (rank % 2 == 0) {
     const int n = group.size();
     const auto all = make_dict(rank).all_gather(opts);
     REQUIRE(all.size() == static_cast<std::size_t>(n));
     for (int r = 0; r < n; ++r) CHECK(is_dict_of(all[static_cast<std::size_t>(r)], 2 * r));
+
+    // The async forms in the group, and the stacked gather.
+    std::vector<TensorDict> all_async;
+    TensorDict stacked, shard_async;
+    auto works = make_dict(rank).all_gather(all_async, async);
+    for (auto& w : make_dict(rank).all_gather_stacked(stacked, async))
+      works.push_back(std::move(w));
+    for (auto& w : make_dict(rank).reduce_scatter(shard_async, ReduceOp::SUM, async))
+      works.push_back(std::move(w));
+    td::wait_all(works);
+    for (int r = 0; r < n; ++r) CHECK(is_dict_of(all_async[static_cast<std::size_t>(r)], 2 * r));
+    CHECK(stacked.equal(td::stack(all)));
+    CHECK(shard_async.equal(make_dict(rank).reduce_scatter(ReduceOp::SUM, opts)));
 
     const auto at0 = make_dict(rank).gather(0, opts);
     CHECK(at0.size() == (group.rank() == 0 ? static_cast<std::size_t>(n) : 0u));
@@ -254,11 +268,18 @@ TEST_CASE("exchange collectives on a group that leaves ranks out", "[exchange]")
     CHECK(shard.batch_size() == td::Shape{kRows / n});
 
     if (n > 1) {  // group rank 0 and 1 are world ranks 0 and 2
-      TensorDict got = make_dict(-1);
-      if (group.rank() == 0) make_dict(rank).send(1, opts);
+      TensorDict got = make_dict(-1), got_async = make_dict(-1);
+      if (group.rank() == 0) {
+        make_dict(rank).send(1, opts);
+        auto w = make_dict(rank + 7).isend(1, async);
+        td::wait_all(w);
+      }
       if (group.rank() == 1) {
         got.recv(0, opts);
         CHECK(is_dict_of(got, 0));
+        auto w = got_async.irecv(0, async);
+        td::wait_all(w);
+        CHECK(is_dict_of(got_async, 7));
       }
     }
   } else {
