@@ -490,7 +490,11 @@ void copy_slots(const BucketPlan::Bucket& b, const LeafMemory& m, std::byte* buf
   };
   std::size_t run_offset = 0, run_bytes = 0;
   std::byte* run_start = nullptr;
-  for (const auto& slot : b.slots) {
+  constexpr std::size_t kAhead = 8;  // leaves are scattered over the heap: fetch ahead
+  const std::size_t n = b.slots.size();
+  for (std::size_t k = 0; k < n; ++k) {
+    const auto& slot = b.slots[k];
+    if (k + kAhead < n) __builtin_prefetch(m.data[b.slots[k + kAhead].leaf], kPack ? 0 : 1);
     std::byte* p = m.data[slot.leaf];
     if (run_start != nullptr && p == run_start + run_bytes &&
         slot.offset == run_offset + run_bytes) {

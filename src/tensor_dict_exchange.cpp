@@ -100,13 +100,16 @@ TensorDict rebuild(const TensorDict& d, const std::map<Key, Tensor>& by_key,
 }
 
 // Fresh leaves for the result of a collective: make(i) for each leaf in canonical order, except
-// that an alias of an earlier leaf gets that leaf's result (as in the input).
-std::vector<Tensor> fresh_leaves(std::span<const LeafRef> leaves,
+// that an alias of an earlier leaf gets that leaf's result (as in the input). Only the leaves the
+// plan skipped (aliases and empty leaves) are searched for the leaf they alias.
+std::vector<Tensor> fresh_leaves(std::span<const LeafRef> leaves, const BucketPlan& plan,
                                  const std::function<Tensor(const Tensor&)>& make) {
+  std::vector<char> skipped(leaves.size(), 0);
+  for (const std::size_t i : plan.skipped_leaves) skipped[i] = 1;
   std::vector<Tensor> out;
   out.reserve(leaves.size());
   for (std::size_t i = 0; i < leaves.size(); ++i) {
-    const std::int64_t j = alias_target(leaves, i);
+    const std::int64_t j = skipped[i] ? alias_target(leaves, i) : -1;
     out.push_back(j >= 0 ? out[static_cast<std::size_t>(j)] : make(*leaves[i].tensor));
   }
   return out;
@@ -255,8 +258,8 @@ std::vector<Work> gather_into_list(const TensorDict& self, CollectiveKind kind, 
   std::vector<std::shared_ptr<Leaves>> into;
   if (receives) {
     for (int r = 0; r < prepared.group->size; ++r) {
-      auto ts =
-          fresh_leaves(leaves, [](const Tensor& t) { return Tensor::empty(t.shape(), t.dtype()); });
+      auto ts = fresh_leaves(leaves, *prepared.plan,
+                             [](const Tensor& t) { return Tensor::empty(t.shape(), t.dtype()); });
       dicts.push_back(rebuild(self, by_key(leaves, ts), [](const Shape& s) { return s; }));
       into.push_back(std::make_shared<Leaves>(std::move(ts)));
     }
@@ -307,8 +310,9 @@ std::vector<Work> TensorDict::all_gather_stacked(TensorDict& out,
     out.insert(out.end(), s.begin(), s.end());
     return out;
   };
-  std::vector<Tensor> stacked = fresh_leaves(
-      leaves, [&](const Tensor& t) { return Tensor::empty(prepend(t.shape()), t.dtype()); });
+  std::vector<Tensor> stacked = fresh_leaves(leaves, *prepared.plan, [&](const Tensor& t) {
+    return Tensor::empty(prepend(t.shape()), t.dtype());
+  });
   std::vector<std::shared_ptr<Leaves>> into;
   for (std::int64_t r = 0; r < n; ++r) {
     std::vector<Tensor> rows;
@@ -465,7 +469,7 @@ std::vector<Work> TensorDict::reduce_scatter(TensorDict& out, ReduceOp op,
   const auto size = static_cast<std::size_t>(g.size);
 
   // This rank's shards: the first dimension divided by the group size.
-  auto shards = std::make_shared<Leaves>(fresh_leaves(leaves, [&](const Tensor& t) {
+  auto shards = std::make_shared<Leaves>(fresh_leaves(leaves, plan, [&](const Tensor& t) {
     Shape s = t.shape();
     s[0] /= g.size;
     return Tensor::empty(s, t.dtype());
