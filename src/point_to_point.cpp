@@ -336,7 +336,10 @@ Work start_send(std::span<const LeafRef> leaves, int dst, const CollectiveOption
   const Peer p = start_peer_call(dst, what, "dst", /*sending=*/true, opts);
   const std::uint64_t cap = cap_of(opts, from_dict);
   auto x = transfer_of(leaves);
-  auto [st, header, verdict] = new_transfer_state(p, opts, *x, "to");
+  TransferState t = new_transfer_state(p, opts, *x, "to");
+  const auto& st = t.st;
+  const auto header = t.header;
+  const auto verdict = t.verdict;
   *header = {x->error.empty() ? fingerprint(*x) : 0, cap};
   st->requests.resize(2, MPI_REQUEST_NULL);
   TD_MPI_CHECK(MPI_Isend(header->data(), 2, MPI_UINT64_T, dst, p.base, p.comm, &st->requests[0]));
@@ -362,7 +365,10 @@ Work start_recv(std::span<const LeafRef> leaves, int src, const CollectiveOption
                 std::string_view what) {
   const Peer p = start_peer_call(src, what, "src", /*sending=*/false, opts);
   auto x = transfer_of(leaves);
-  auto [st, header, verdict] = new_transfer_state(p, opts, *x, "from");
+  TransferState t = new_transfer_state(p, opts, *x, "from");
+  const auto& st = t.st;
+  const auto header = t.header;
+  const auto verdict = t.verdict;
   st->requests.resize(1, MPI_REQUEST_NULL);
   TD_MPI_CHECK(MPI_Irecv(header->data(), 2, MPI_UINT64_T, src, p.base, p.comm, &st->requests[0]));
   st->then = [x, p, header, verdict](WorkState& w) {

@@ -196,7 +196,7 @@ const std::byte* send_buffer(const BucketPlan::Bucket& bk, const std::shared_ptr
 std::vector<Work> gather_leaves(std::span<const LeafRef> leaves,
                                 const detail::PreparedCollective& prepared, CollectiveKind kind,
                                 int root, std::string_view what,
-                                std::vector<std::shared_ptr<Leaves>> into,
+                                const std::vector<std::shared_ptr<Leaves>>& into,
                                 const std::vector<Tensor>* stacked, bool async_op) {
   const detail::GroupState& g = *prepared.group;
   const BucketPlan& plan = *prepared.plan;
@@ -264,8 +264,7 @@ std::vector<Work> gather_into_list(const TensorDict& self, CollectiveKind kind, 
       into.push_back(std::make_shared<Leaves>(std::move(ts)));
     }
   }
-  auto works =
-      gather_leaves(leaves, prepared, kind, root, what, std::move(into), nullptr, opts.async_op);
+  auto works = gather_leaves(leaves, prepared, kind, root, what, into, nullptr, opts.async_op);
   out = std::move(dicts);
   return works;
 }
@@ -322,8 +321,8 @@ std::vector<Work> TensorDict::all_gather_stacked(TensorDict& out,
     into.push_back(std::make_shared<Leaves>(std::move(rows)));
   }
   TensorDict result = rebuild(*this, by_key(leaves, stacked), prepend);
-  auto works = gather_leaves(leaves, prepared, CollectiveKind::AllGather, 0, what, std::move(into),
-                             &stacked, opts.async_op);
+  auto works = gather_leaves(leaves, prepared, CollectiveKind::AllGather, 0, what, into, &stacked,
+                             opts.async_op);
   out = std::move(result);
   return works;
 }
