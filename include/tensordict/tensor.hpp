@@ -40,6 +40,7 @@ class TD_API Tensor {
   Tensor& operator=(const Tensor& other);
   /// Takes over other's handle; `other` becomes undefined.
   Tensor& operator=(Tensor&& other) noexcept;
+  /// Releases this handle; the storage lives on while another tensor shares it.
   ~Tensor();
 
   /// Uninitialised contiguous tensor.
