@@ -153,7 +153,7 @@ void run_bucket(const std::shared_ptr<detail::WorkState>& st,
                 std::vector<Work>& works) {
   if (!async_op) {
     start(nullptr);
-    if (st->finish) st->finish();
+    st->wait();  // no requests: runs the finish step now (and releases the buffers)
     return;
   }
   st->requests.push_back(MPI_REQUEST_NULL);
