@@ -6,6 +6,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <span>
 #include <thread>
 
 #ifdef __linux__
@@ -22,14 +23,18 @@ namespace {
 
 class ProgressEngine {
  public:
-  void add(const std::shared_ptr<WorkState>& work) {
+  void add(std::span<const std::shared_ptr<WorkState>> works) {
+    if (works.empty()) return;
     std::lock_guard lock(mu_);
     if (!started_) {
       stopping_ = false;
       thread_ = std::thread([this] { loop(); });
       started_ = true;
     }
-    pending_.push_back(work);
+    for (const auto& w : works) {
+      w->on_progress_thread.store(true, std::memory_order_release);
+      pending_.push_back(w);
+    }
     cv_.notify_one();
   }
 
@@ -85,7 +90,7 @@ class ProgressEngine {
         });
       }
       batch.clear();  // never keep a Work's state alive from here
-      if (interval.count() == 0) {
+      if (interval.count() == 0 || waiters_.load(std::memory_order_relaxed) > 0) {
         std::this_thread::yield();
       } else {
         std::this_thread::sleep_for(interval);
@@ -93,6 +98,8 @@ class ProgressEngine {
     }
   }
 
+  friend void td::detail::progress_waiter(int delta);
+  std::atomic<int> waiters_{0};  // threads blocked in wait() on an operation of this thread
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::weak_ptr<WorkState>> pending_;
@@ -111,9 +118,13 @@ ProgressEngine& engine() {
 }  // namespace
 
 void progress_add(const std::shared_ptr<WorkState>& work) {
-  if (async_progress_enabled()) engine().add(work);
+  if (async_progress_enabled()) engine().add(std::span<const std::shared_ptr<WorkState>>(&work, 1));
+}
+void progress_add(const std::vector<std::shared_ptr<WorkState>>& works) {
+  if (async_progress_enabled()) engine().add(works);
 }
 void progress_stop() { engine().stop(); }
+void progress_waiter(int delta) { engine().waiters_.fetch_add(delta, std::memory_order_relaxed); }
 
 }  // namespace td::detail
 

@@ -1,7 +1,9 @@
 // Internals of the MPI runtime shared by the library's sources (not installed).
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -105,13 +107,19 @@ class WorkState {
   bool settled();
   /// Whether a wait() gave up on it (its buffers are leaked; nothing more to wait for).
   bool timed_out();
+  /// Set by the progress thread when it takes the operation over: wait() then sleeps until the
+  /// thread completes it instead of calling MPI from a second thread (which would only contend
+  /// with the progress thread for Open MPI's locks).
+  std::atomic<bool> on_progress_thread{false};
 
   ~WorkState();
 
  private:
   enum class Status { Pending, Done, Failed };
   bool complete_locked();
+  void fail_locked(std::exception_ptr error);
   std::mutex mu_;
+  std::condition_variable settled_cv_;
   Status status_ = Status::Pending;
   std::exception_ptr error_;
   bool timed_out_ = false;
@@ -126,7 +134,13 @@ namespace td::detail {
 /// communication advances while the caller computes. Without the thread, wait() and
 /// is_completed() drive progress.
 void progress_add(const std::shared_ptr<WorkState>& work);
+/// progress_add for several operations at once (started together: hand them over once all are
+/// started, so the thread does not contend with the starting thread for MPI's locks).
+void progress_add(const std::vector<std::shared_ptr<WorkState>>& works);
 /// Stops and joins the progress thread (before MPI_Finalize).
 void progress_stop();
+/// Registers a thread blocked in wait() on an operation the progress thread drives; while there
+/// is one, the thread polls without sleeping between rounds.
+void progress_waiter(int delta);
 
 }  // namespace td::detail

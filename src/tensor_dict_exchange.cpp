@@ -148,9 +148,19 @@ std::shared_ptr<detail::Storage> storage(std::size_t nbytes) {
 
 // One bucket's operation: `start` posts its MPI call (blocking when req is null); `st` holds its
 // buffers and its finish step. Sync calls run it at once; async calls hand it to a Work.
+// The Works of a call's buckets; the progress thread gets them once every bucket has started
+// (see run_async in collective_engine.cpp).
+struct Started {
+  std::vector<Work> works;
+  std::vector<std::shared_ptr<detail::WorkState>> states;
+  std::vector<Work> hand_over() {
+    detail::progress_add(states);
+    return std::move(works);
+  }
+};
+
 void run_bucket(const std::shared_ptr<detail::WorkState>& st,
-                const std::function<void(MPI_Request*)>& start, bool async_op,
-                std::vector<Work>& works) {
+                const std::function<void(MPI_Request*)>& start, bool async_op, Started& started) {
   if (!async_op) {
     start(nullptr);
     st->wait();  // no requests: runs the finish step now (and releases the buffers)
@@ -158,8 +168,8 @@ void run_bucket(const std::shared_ptr<detail::WorkState>& st,
   }
   st->requests.push_back(MPI_REQUEST_NULL);
   start(&st->requests.back());
-  detail::progress_add(st);
-  works.emplace_back(st);
+  started.states.push_back(st);
+  started.works.emplace_back(st);
 }
 
 std::string bucket_what(std::string_view what, const BucketPlan& plan, std::size_t b,
@@ -203,7 +213,7 @@ std::vector<Work> gather_leaves(std::span<const LeafRef> leaves,
   const bool receives = kind == CollectiveKind::AllGather || g.rank == root;
   const auto size = static_cast<std::size_t>(g.size);
   auto src = std::make_shared<Leaves>(handles(leaves));
-  std::vector<Work> works;
+  Started started;
   for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
     const auto& bk = plan.buckets[b];
     auto st = bucket_state(prepared, bucket_what(what, plan, b, leaves, g.size));
@@ -242,9 +252,9 @@ std::vector<Work> gather_leaves(std::span<const LeafRef> leaves,
                              : MPI_Gather(send, count, type, all, count, type, root, comm));
           }
         },
-        async_op, works);
+        async_op, started);
   }
-  return works;
+  return started.hand_over();
 }
 
 std::vector<Work> gather_into_list(const TensorDict& self, CollectiveKind kind, int root,
@@ -403,7 +413,7 @@ std::vector<Work> TensorDict::scatter(int src, const std::vector<TensorDict>& pa
   const BucketPlan& plan = *prepared.plan;
   const auto size = static_cast<std::size_t>(g.size);
   auto mine = std::make_shared<Leaves>(handles(leaves));
-  std::vector<Work> works;
+  Started started;
   for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
     const auto& bk = plan.buckets[b];
     auto st = bucket_state(prepared, bucket_what(what, plan, b, leaves, g.size));
@@ -435,10 +445,10 @@ std::vector<Work> TensorDict::scatter(int src, const std::vector<TensorDict>& pa
           TD_MPI_CHECK(req ? MPI_Iscatter(all, count, type, recv, count, type, src, comm, req)
                            : MPI_Scatter(all, count, type, recv, count, type, src, comm));
         },
-        opts.async_op, works);
+        opts.async_op, started);
   }
   // Skipped leaves are empty or aliases of an earlier leaf, whose storage they share.
-  return works;
+  return started.hand_over();
 }
 
 std::vector<Work> TensorDict::reduce_scatter(TensorDict& out, ReduceOp op,
@@ -483,7 +493,7 @@ std::vector<Work> TensorDict::reduce_scatter(TensorDict& out, ReduceOp op,
   // (slot offsets divided by the group size), so MPI_Reduce_scatter_block hands each rank its
   // shards packed like the bucket. A bucket of one contiguous leaf is that already.
   auto src = std::make_shared<Leaves>(handles(leaves));
-  std::vector<Work> works;
+  Started started;
   for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
     const auto& bk = plan.buckets[b];
     auto st = bucket_state(prepared, bucket_what(what, plan, b, leaves, g.size));
@@ -536,10 +546,10 @@ std::vector<Work> TensorDict::reduce_scatter(TensorDict& out, ReduceOp op,
           TD_MPI_CHECK(req ? MPI_Ireduce_scatter_block(send, recv, count, type, mop, comm, req)
                            : MPI_Reduce_scatter_block(send, recv, count, type, mop, comm));
         },
-        opts.async_op, works);
+        opts.async_op, started);
   }
   out = std::move(result);
-  return works;
+  return started.hand_over();
 }
 
 TensorDict TensorDict::reduce_scatter(ReduceOp op, const CollectiveOptions& opts) const {

@@ -61,7 +61,15 @@ bool WorkState::complete_locked() {
   buffer.reset();
   keep_alive.clear();
   held.clear();
+  settled_cv_.notify_all();
   return true;
+}
+
+void WorkState::fail_locked(std::exception_ptr error) {
+  error_ = std::move(error);
+  status_ = Status::Failed;
+  finish = nullptr;
+  settled_cv_.notify_all();
 }
 
 bool WorkState::test() {
@@ -77,9 +85,8 @@ bool WorkState::test() {
     try {
       throw_mpi_error("MPI_Testall", rc);
     } catch (...) {
-      error_ = std::current_exception();
+      fail_locked(std::current_exception());
     }
-    status_ = Status::Failed;
     return true;
   }
   if (!done) return false;
@@ -90,9 +97,7 @@ bool WorkState::test() {
     try {
       next(*this);
     } catch (...) {
-      error_ = std::current_exception();
-      status_ = Status::Failed;
-      finish = nullptr;
+      fail_locked(std::current_exception());
       return true;
     }
     if (!requests.empty() || then) return false;  // the next test() looks at the new phase
@@ -102,16 +107,35 @@ bool WorkState::test() {
 
 void WorkState::wait() {
   const auto start = std::chrono::steady_clock::now();
+  auto timeout = [&] {
+    timed_out_ = true;
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::steady_clock::now() - start);
+    return TimeoutError(fmt::format(
+        "{} did not complete before its timeout (waited {} ms in wait()); the "
+        "communicator is no longer usable: end the job (td::abort) or stop using this group",
+        describe ? describe() : std::string("operation"), waited.count()));
+  };
+  if (on_progress_thread.load(std::memory_order_acquire)) {
+    // The progress thread drives it: sleep until it has settled, and let the thread know that
+    // someone waits (it then polls without pausing).
+    progress_waiter(+1);
+    struct Unregister {
+      ~Unregister() { progress_waiter(-1); }
+    } unregister;
+    std::unique_lock lock(mu_);
+    while (status_ == Status::Pending) {
+      if (settled_cv_.wait_until(lock, deadline) == std::cv_status::timeout &&
+          status_ == Status::Pending)
+        throw timeout();
+    }
+    if (status_ == Status::Failed) std::rethrow_exception(error_);
+    return;
+  }
   for (std::uint64_t spin = 0; !test(); ++spin) {
     if ((spin & 63) == 0 && std::chrono::steady_clock::now() > deadline) {
       std::lock_guard lock(mu_);
-      timed_out_ = true;
-      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
-          std::chrono::steady_clock::now() - start);
-      throw TimeoutError(fmt::format(
-          "{} did not complete before its timeout (waited {} ms in wait()); the "
-          "communicator is no longer usable: end the job (td::abort) or stop using this group",
-          describe ? describe() : std::string("operation"), waited.count()));
+      throw timeout();
     }
   }
   std::lock_guard lock(mu_);
