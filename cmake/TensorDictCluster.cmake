@@ -1,0 +1,196 @@
+# The test suite across hosts: CTest label `cluster`, run by `make test-cluster` (never by plain
+# `make test`, which excludes the label). The hosts are network namespaces on this machine made by
+# scripts/td-cluster (docs/cluster.md); tests need root.
+#
+#   cluster.up / cluster.down        the fixture: three hosts td-h1..td-h3 (10.77.0.1-3), made
+#                                    once before the first cluster test and removed after the last
+#                                    one, also when tests fail
+#   cluster.placement.*              mpirun puts the ranks on the hosts we asked for
+#   cluster.<mpi test>.3ranks_3hosts, .4ranks_2hosts
+#                                    the MPI test executables, TCP only between hosts
+#   cluster.example.<name>.<n>ranks  the examples at their largest RANKS count, their EXPECT lines
+#   cluster.fault.*                  a host's link taken down, a host's ranks killed, mid-loop
+#                                    (test/cluster/fault_across_hosts.sh + cluster_fault_loop)
+#
+# Every cluster test holds RESOURCE_LOCK td_cluster: they share the hosts, and the fault tests
+# break them on purpose, so they run one at a time whatever `ctest -j` says.
+
+include_guard(GLOBAL)
+
+set(_TD_CLUSTER "${PROJECT_SOURCE_DIR}/scripts/td-cluster")
+set(_TD_CLUSTER_HOSTS 3)
+set(TD_CLUSTER_TEST_TIMEOUT 300 CACHE STRING "CTest TIMEOUT of a cluster test, in seconds")
+
+# The MPI test environment (yield when idle, oversubscription, sanitizer settings) and a tuned-
+# bucket-size cache of the cluster's own in the build tree.
+set(_TD_CLUSTER_ENV ${_TD_MPI_TEST_ENV} "TD_CACHE_DIR=${PROJECT_BINARY_DIR}/cluster-cache")
+
+# Every cluster test runs through gate.sh: skipped (77) unless TD_CLUSTER_TESTS=1, which
+# `make test-cluster` sets, so a `ctest -R <name>` that matches one of them by accident does not
+# touch namespaces.
+set(_TD_CLUSTER_GATE bash "${PROJECT_SOURCE_DIR}/test/cluster/gate.sh")
+
+add_test(NAME cluster.up COMMAND ${_TD_CLUSTER_GATE} bash "${_TD_CLUSTER}" up ${_TD_CLUSTER_HOSTS})
+add_test(NAME cluster.down COMMAND ${_TD_CLUSTER_GATE} bash "${_TD_CLUSTER}" down)
+set_tests_properties(cluster.up PROPERTIES FIXTURES_SETUP td_cluster)
+set_tests_properties(cluster.down PROPERTIES FIXTURES_CLEANUP td_cluster)
+set_tests_properties(cluster.up cluster.down PROPERTIES
+  LABELS cluster TIMEOUT 60 RESOURCE_LOCK td_cluster SKIP_RETURN_CODE 77)
+
+# "td-h1:1,td-h2:1,td-h3:1" for 3 ranks (one per host), "td-h1:2,td-h2:2" for 4 (two per host).
+function(_td_cluster_hosts out ranks)
+  if(ranks EQUAL 4)
+    set(${out} "td-h1:2,td-h2:2" PARENT_SCOPE)
+  elseif(ranks GREATER 0 AND ranks LESS_EQUAL ${_TD_CLUSTER_HOSTS})
+    set(hosts "")
+    foreach(i RANGE 1 ${ranks})
+      list(APPEND hosts "td-h${i}:1")
+    endforeach()
+    list(JOIN hosts "," hosts)
+    set(${out} "${hosts}" PARENT_SCOPE)
+  else()
+    message(FATAL_ERROR "TensorDictCluster: no host layout for ${ranks} ranks")
+  endif()
+endfunction()
+
+# td-cluster run -- mpirun -np N --host ... [flags] as a list, in `out`. `run` starts mpirun
+# inside td-h1 with the launcher agent and TCP-only settings (OMPI_MCA_* in the environment);
+# the flags here repeat the transport choice so the command line says what it tests.
+function(_td_cluster_mpirun out ranks)
+  _td_cluster_hosts(hosts ${ranks})
+  set(${out}
+    bash "${_TD_CLUSTER}" run -- ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ranks}
+    --host ${hosts} ${TD_MPIEXEC_FLAGS} --mca pml ob1 --mca btl self,tcp
+    PARENT_SCOPE)
+endfunction()
+
+function(_td_cluster_test name command)
+  if(NOT command STREQUAL "COMMAND")
+    message(FATAL_ERROR "_td_cluster_test: expected COMMAND")
+  endif()
+  add_test(NAME ${name} COMMAND ${_TD_CLUSTER_GATE} ${ARGN})
+  set_tests_properties(${name} PROPERTIES
+    SKIP_RETURN_CODE 77
+    LABELS cluster
+    TIMEOUT ${TD_CLUSTER_TEST_TIMEOUT}
+    FIXTURES_REQUIRED td_cluster
+    RESOURCE_LOCK td_cluster
+    ENVIRONMENT "${_TD_CLUSTER_ENV}")
+endfunction()
+
+# Placement: 3 ranks on 3 hosts and 4 on 2, each host named as asked.
+foreach(layout IN ITEMS "3;td-h1 td-h2 td-h3" "4;td-h1 td-h1 td-h2 td-h2")
+  list(GET layout 0 ranks)
+  list(GET layout 1 expected)
+  _td_cluster_mpirun(cmd ${ranks})
+  list(JOIN cmd " " cmd_line)
+  _td_cluster_test(cluster.placement.${ranks}ranks
+    COMMAND bash -c "got=$(${cmd_line} hostname | sort | paste -sd' ') && echo \"hosts: $got\" && [ \"$got\" = '${expected}' ]")
+endforeach()
+
+# The MPI tests at 3 ranks on 3 hosts and 4 ranks on 2 hosts.
+foreach(name IN ITEMS test_mpi_collectives test_mpi_tensordict test_mpi_sparse test_mpi_async
+                      test_mpi_exchange)
+  if(NOT TARGET ${name})
+    message(FATAL_ERROR "TensorDictCluster: no target ${name} (test/${name}.cpp)")
+  endif()
+  foreach(layout IN ITEMS "3;3hosts" "4;2hosts")
+    list(GET layout 0 ranks)
+    list(GET layout 1 hosts)
+    _td_cluster_mpirun(cmd ${ranks})
+    _td_cluster_test(cluster.${name}.${ranks}ranks_${hosts} COMMAND ${cmd} $<TARGET_FILE:${name}>)
+  endforeach()
+endforeach()
+
+# The examples, at the largest rank count their `// RANKS:` line names (2, 3 or 4), checked
+# against their `// EXPECT:` lines by RunAndCompare.cmake, as in td_register_example_tests.
+function(_td_cluster_example target source)
+  file(READ "${source}" text)
+  string(REPLACE "\r\n" "\n" text "${text}")
+  set(ranks 0)
+  set(count 0)
+  set(spec_expect "")
+  while(NOT text STREQUAL "")
+    string(FIND "${text}" "\n" eol)
+    if(eol EQUAL -1)
+      set(line "${text}")
+      set(text "")
+    else()
+      string(SUBSTRING "${text}" 0 ${eol} line)
+      math(EXPR next "${eol} + 1")
+      string(SUBSTRING "${text}" ${next} -1 text)
+    endif()
+    if(line MATCHES "^// RANKS:(.*)$")
+      string(STRIP "${CMAKE_MATCH_1}" r)
+      separate_arguments(r UNIX_COMMAND "${r}")
+      foreach(n IN LISTS r)
+        if(n GREATER ranks AND n LESS_EQUAL 4)
+          set(ranks ${n})
+        endif()
+      endforeach()
+    elseif(line MATCHES "^// EXPECT:")
+      string(LENGTH "// EXPECT:" prefix_len)
+      string(SUBSTRING "${line}" ${prefix_len} -1 expected)
+      if(expected MATCHES "^ ")
+        string(SUBSTRING "${expected}" 1 -1 expected)
+      endif()
+      if(expected MATCHES "]==]")
+        message(FATAL_ERROR "${source}: an EXPECT line may not contain ']==]'")
+      endif()
+      string(APPEND spec_expect "set(EXPECT_${count} [==[${expected}]==])\n")
+      math(EXPR count "${count} + 1")
+    endif()
+  endwhile()
+  if(ranks LESS 2)
+    return()
+  endif()
+  set(test_name cluster.example.${target}.${ranks}ranks)
+  _td_cluster_mpirun(cmd ${ranks})
+  list(APPEND cmd $<TARGET_FILE:${target}>)
+  set(spec "# Generated by TensorDictCluster.cmake for ${test_name}\nset(RUN_COMMAND")
+  foreach(word IN LISTS cmd)
+    string(APPEND spec " [==[${word}]==]")
+  endforeach()
+  string(APPEND spec ")\nset(TIMEOUT ${TD_CLUSTER_TEST_TIMEOUT})\nset(EXPECT_COUNT ${count})\n"
+                     "${spec_expect}")
+  set(spec_file "${PROJECT_BINARY_DIR}/example_tests/${test_name}-$<CONFIG>.cmake")
+  file(GENERATE OUTPUT "${spec_file}" CONTENT "${spec}")
+  _td_cluster_test(${test_name}
+    COMMAND ${CMAKE_COMMAND} -DSPEC=${spec_file} -P "${_TD_RUN_AND_COMPARE}")
+endfunction()
+
+if(TD_BUILD_EXAMPLES)
+  file(GLOB _td_cluster_examples CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/docs/examples/*.cpp")
+  foreach(src IN LISTS _td_cluster_examples)
+    get_filename_component(name "${src}" NAME_WE)
+    _td_cluster_example(${name} "${src}")
+  endforeach()
+endif()
+
+# Faults across hosts (test/cluster/fault_across_hosts.sh documents the arguments): the
+# program's collectives time out after 3 s; the survivors must report within 12 s of a link
+# going down, and the job must end within 20 s of a host's ranks being killed.
+file(GLOB _td_cluster_programs CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/test/cluster/*.cpp")
+foreach(src IN LISTS _td_cluster_programs)
+  get_filename_component(name "${src}" NAME_WE)
+  add_executable(${name} "${src}")
+  target_link_libraries(${name} PRIVATE TensorDict::tensordict td_warnings)
+endforeach()
+
+set(_td_fault "${PROJECT_SOURCE_DIR}/test/cluster/fault_across_hosts.sh")
+foreach(spec IN ITEMS
+    "link_down.3ranks_3hosts;link;h3;td-h1:1,td-h2:1,td-h3:1;3;2;3000;12"
+    "link_down.4ranks_2hosts;link;h2;td-h1:2,td-h2:2;4;2;3000;12"
+    "killed_host.3ranks_3hosts;kill;h2;td-h1:1,td-h2:1,td-h3:1;3;2;3000;20")
+  list(POP_FRONT spec test_name)
+  _td_cluster_test(cluster.fault.${test_name}
+    COMMAND bash "${_td_fault}" ${spec} -- $<TARGET_FILE:cluster_fault_loop>)
+  set_tests_properties(cluster.fault.${test_name} PROPERTIES LABELS "cluster;fault")
+endforeach()
+# At 4 ranks across hosts with the progress thread on, a loop of async all_reduces sometimes
+# stalls for seconds (over a minute at worst) with no fault at all: every socket queue empty,
+# one rank still waiting in Work::wait for a bucket its peers have finished (Open MPI 4.1.4;
+# not seen on one host, at 2-3 ranks, nor with TD_PROGRESS_THREAD=0). A stall just before the
+# fault would be an early TimeoutError here, so this test runs without the progress thread.
+set_property(TEST cluster.fault.link_down.4ranks_2hosts APPEND PROPERTY ENVIRONMENT
+  TD_PROGRESS_THREAD=0)
