@@ -198,12 +198,14 @@ function(td_add_example_test)
   _td_add_example_test_impl("${name}" "${target}" "${ranks}" "${timeout}")
 endfunction()
 
-function(td_register_example_tests)
-  cmake_parse_arguments(PARSE_ARGV 0 arg "" "TARGET;SOURCE" "")
-  file(READ "${arg_SOURCE}" text)
+# Reads an example's `// RANKS: N [M...]` and `// EXPECT: text` lines: sets <ranks_var> to the
+# rank counts and, in the caller's scope, _td_expect_count and _td_expect_0.. to the expected
+# lines (the one space after the colon removed). Shared with TensorDictCluster.cmake.
+function(_td_read_example_source source ranks_var)
+  file(READ "${source}" text)
   string(REPLACE "\r\n" "\n" text "${text}")
   set(ranks "")
-  set(_td_expect_count 0)
+  set(count 0)
   # Walk the lines with string operations only: list splitting would mangle brackets and ';'.
   while(NOT text STREQUAL "")
     string(FIND "${text}" "\n" eol)
@@ -225,10 +227,17 @@ function(td_register_example_tests)
       if(expected MATCHES "^ ")  # the one space after the colon is not part of the line
         string(SUBSTRING "${expected}" 1 -1 expected)
       endif()
-      set(_td_expect_${_td_expect_count} "${expected}")
-      math(EXPR _td_expect_count "${_td_expect_count} + 1")
+      set(_td_expect_${count} "${expected}" PARENT_SCOPE)
+      math(EXPR count "${count} + 1")
     endif()
   endwhile()
+  set(_td_expect_count ${count} PARENT_SCOPE)
+  set(${ranks_var} "${ranks}" PARENT_SCOPE)
+endfunction()
+
+function(td_register_example_tests)
+  cmake_parse_arguments(PARSE_ARGV 0 arg "" "TARGET;SOURCE" "")
+  _td_read_example_source("${arg_SOURCE}" ranks)
   foreach(n IN LISTS ranks)
     _td_add_example_test_impl("${arg_TARGET}" "${arg_TARGET}" "${n}" "${TD_TEST_TIMEOUT}")
   endforeach()
