@@ -107,10 +107,12 @@ function(_td_mpiexec_command out ranks program)
     PARENT_SCOPE)
 endfunction()
 
-function(td_add_mpi_test)
-  cmake_parse_arguments(PARSE_ARGV 0 arg "" "NAME;TIMEOUT" "SOURCES;RANKS;LABELS")
-  if(NOT arg_NAME OR NOT arg_SOURCES)
-    message(FATAL_ERROR "td_add_mpi_test: NAME and SOURCES are required")
+# Registers runs of an existing MPI test program: <NAME>.<n>ranks for each of RANKS (default
+# 1 2 3 4), with ENVIRONMENT added to the MPI test environment and ARGS passed to the program.
+function(td_add_mpi_test_runs)
+  cmake_parse_arguments(PARSE_ARGV 0 arg "" "NAME;TARGET;TIMEOUT" "RANKS;LABELS;ENVIRONMENT;ARGS")
+  if(NOT arg_NAME OR NOT arg_TARGET)
+    message(FATAL_ERROR "td_add_mpi_test_runs: NAME and TARGET are required")
   endif()
   if(NOT arg_RANKS)
     set(arg_RANKS 1 2 3 4)
@@ -118,15 +120,24 @@ function(td_add_mpi_test)
   if(NOT arg_TIMEOUT)
     set(arg_TIMEOUT ${TD_TEST_TIMEOUT})
   endif()
-  _td_add_test_executable(${arg_NAME} mpi ${arg_SOURCES})
   foreach(n IN LISTS arg_RANKS)
-    _td_mpiexec_command(cmd ${n} $<TARGET_FILE:${arg_NAME}>)
-    add_test(NAME ${arg_NAME}.${n}ranks COMMAND ${cmd})
+    _td_mpiexec_command(cmd ${n} $<TARGET_FILE:${arg_TARGET}>)
+    add_test(NAME ${arg_NAME}.${n}ranks COMMAND ${cmd} ${arg_ARGS})
     set_tests_properties(${arg_NAME}.${n}ranks PROPERTIES
       TIMEOUT ${arg_TIMEOUT}
       LABELS "mpi;${arg_LABELS}"
-      ENVIRONMENT "${_TD_MPI_TEST_ENV}")
+      ENVIRONMENT "${_TD_MPI_TEST_ENV};${arg_ENVIRONMENT}")
   endforeach()
+endfunction()
+
+function(td_add_mpi_test)
+  cmake_parse_arguments(PARSE_ARGV 0 arg "" "NAME;TIMEOUT" "SOURCES;RANKS;LABELS")
+  if(NOT arg_NAME OR NOT arg_SOURCES)
+    message(FATAL_ERROR "td_add_mpi_test: NAME and SOURCES are required")
+  endif()
+  _td_add_test_executable(${arg_NAME} mpi ${arg_SOURCES})
+  td_add_mpi_test_runs(NAME ${arg_NAME} TARGET ${arg_NAME} RANKS ${arg_RANKS}
+                       TIMEOUT ${arg_TIMEOUT} LABELS ${arg_LABELS})
 endfunction()
 
 # Writes the spec RunAndCompare.cmake reads and registers the test. Expected lines come from the

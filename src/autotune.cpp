@@ -14,7 +14,8 @@
 // bucket are not packed at all: a leaf of n bytes goes alone when A(n)/n <= T(B)/B, with A(n)
 // the bare allreduce (no copies) measured on the same ladder.
 //
-// The result is cached per group in memory and on disk per (hosts, rank count, MPI library) in
+// The result is cached per group in memory and on disk per (hosts, rank count, MPI library, each
+// rank's transport/binding/CPU/malloc setup: local_setup()) in
 // $TD_CACHE_DIR or $XDG_CACHE_HOME/tensordict-mpi or ~/.cache/tensordict-mpi; rank 0 reads the
 // file and broadcasts, so ranks agree even if their caches differ.
 #include <algorithm>
@@ -25,8 +26,13 @@
 #include <fstream>
 #include <functional>
 #include <numeric>
+#include <string_view>
+
+#include <sched.h>
+#include <unistd.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "collective_engine.hpp"
 #include "config.hpp"
@@ -52,11 +58,42 @@ std::filesystem::path cache_dir() {
   return {};
 }
 
-// Identifies the machines, rank count and MPI library the measurement holds for.
+// What else decides a collective's cost on this rank: the transport and collective components
+// chosen through Open MPI's MCA variables (--mca on the mpirun line arrives as OMPI_MCA_*), the
+// binding, how many CPUs this rank may run on, and what init_process_group did to malloc (it
+// moves the large-message cliff: docs/configuration.md). Launch-specific variables (job ids,
+// URIs, session directories) are left out, so the same setup finds the same cache entry.
+std::string local_setup() {
+  static constexpr std::array<std::string_view, 9> kPrefixes = {"OMPI_MCA_btl",
+                                                                "OMPI_MCA_pml",
+                                                                "OMPI_MCA_mtl",
+                                                                "OMPI_MCA_coll",
+                                                                "OMPI_MCA_osc",
+                                                                "OMPI_MCA_mpi_yield_when_idle",
+                                                                "OMPI_MCA_mpi_oversubscribe",
+                                                                "OMPI_MCA_hwloc_base_binding",
+                                                                "OMPI_MCA_orte_bound_at_launch"};
+  std::vector<std::string> vars;
+  for (char** e = environ; e && *e; ++e) {
+    const std::string_view v(*e);
+    for (auto prefix : kPrefixes)
+      if (v.starts_with(prefix)) vars.emplace_back(v);
+  }
+  std::sort(vars.begin(), vars.end());
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  const int ncpu = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : -1;
+  const MallocTuning& m = apply_malloc_tuning();
+  return fmt::format("cpus={};malloc={}/{};{}", ncpu, m.mmap_threshold, m.trim_threshold,
+                     fmt::join(vars, ";"));
+}
+
+// Identifies the machines, rank count, MPI library and each rank's setup the measurement holds
+// for.
 std::string cache_key(GroupState& g) {
   char host[256] = {};
   gethostname(host, sizeof host - 1);
-  const std::uint64_t mine = std::hash<std::string>{}(host);
+  const std::uint64_t mine = std::hash<std::string>{}(std::string(host) + "|" + local_setup());
   std::vector<std::uint64_t> all(static_cast<std::size_t>(g.size));
   TD_MPI_CHECK(MPI_Allgather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, g.comm));
   char lib[MPI_MAX_LIBRARY_VERSION_STRING] = {};
@@ -64,7 +101,7 @@ std::string cache_key(GroupState& g) {
   MPI_Get_library_version(lib, &len);
   std::uint64_t h = std::hash<std::string>{}(std::string(lib, static_cast<std::size_t>(len)));
   for (auto v : all) h = h * 1099511628211ull ^ v;
-  return fmt::format("buckets-v2-{}ranks-{:016x}", g.size, h);
+  return fmt::format("buckets-v3-{}ranks-{:016x}", g.size, h);
 }
 
 std::optional<TunedBuckets> read_cache(const std::filesystem::path& file) {

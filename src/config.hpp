@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstddef>
 #include <optional>
+#include <string>
 
 namespace td::detail {
 
@@ -20,7 +21,21 @@ struct Config {
   bool autotune_cache = true;                        // TD_AUTOTUNE_CACHE (1/0)
   bool sync_pipeline = false;                        // TD_SYNC_PIPELINE (1/0)
   int progress_interval_us = 50;                     // TD_PROGRESS_INTERVAL_US
+  // TD_MALLOC_MMAP_THRESHOLD (bytes, or "off" = 0): glibc's mmap threshold set at init; the trim
+  // threshold becomes 4x that. See apply_malloc_tuning().
+  std::size_t malloc_mmap_threshold = std::size_t{64} << 20;
 };
+
+/// What init_process_group did to glibc's allocator, for logs and the autotune cache key.
+struct MallocTuning {
+  std::size_t mmap_threshold = 0;  // 0: left alone
+  std::size_t trim_threshold = 0;
+  std::string reason;  // why it was left alone, if it was
+};
+
+/// Sets glibc's M_MMAP_THRESHOLD and M_TRIM_THRESHOLD from TD_MALLOC_MMAP_THRESHOLD unless the user
+/// tuned malloc through its own environment variables; idempotent (the first call decides).
+const MallocTuning& apply_malloc_tuning();
 
 /// The process's configuration; throws std::invalid_argument naming the variable on a bad value.
 const Config& config();

@@ -10,6 +10,7 @@
 #include <fmt/ranges.h>
 
 #include "config.hpp"
+#include "log.hpp"
 #include "runtime.hpp"
 #include "tensordict/errors.hpp"
 
@@ -105,6 +106,7 @@ std::shared_ptr<GroupState> make_group(MPI_Comm parent, MPI_Group members,
 void init_impl(int* argc, char*** argv, const InitOptions& options) {
   Runtime& rt = runtime();
   if (rt.initialized) return;
+  const MallocTuning& malloc_tuning = apply_malloc_tuning();  // before MPI allocates anything
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
@@ -123,6 +125,12 @@ void init_impl(int* argc, char*** argv, const InitOptions& options) {
   for (int i = 0; i < size; ++i) all[static_cast<std::size_t>(i)] = i;
   rt.world = make_group(MPI_COMM_WORLD, MPI_GROUP_NULL, std::move(all));
   rt.initialized = true;
+  log_info([&] {
+    return malloc_tuning.mmap_threshold
+               ? fmt::format("malloc: mmap threshold {} MiB, trim threshold {} MiB",
+                             malloc_tuning.mmap_threshold >> 20, malloc_tuning.trim_threshold >> 20)
+               : fmt::format("malloc: left alone ({})", malloc_tuning.reason);
+  });
 }
 }  // namespace
 

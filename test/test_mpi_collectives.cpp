@@ -170,3 +170,53 @@ TEST_CASE("a root out of range, or different across ranks, is an error on every 
   }
   CHECK(t.to_vector<float>() == std::vector<float>(4, 1.f));
 }
+
+// Sanitizers bring their own allocator (no mallopt, no mallinfo2 figures): nothing to test there.
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define TD_TEST_FOREIGN_MALLOC 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define TD_TEST_FOREIGN_MALLOC 1
+#endif
+
+#if defined(__GLIBC__) && !defined(TD_TEST_FOREIGN_MALLOC)
+#include <malloc.h>
+#define TD_TEST_GLIBC_MALLOC 1
+#endif
+
+#include <cstdlib>
+#include <cstring>
+
+// init_process_group raises glibc's mmap threshold (TD_MALLOC_MMAP_THRESHOLD, default 64 MiB) so
+// that the temporary buffers MPI mallocs per large collective come back from the heap instead of
+// being fresh, page-faulting mmaps. 48 MiB is above glibc's own dynamic maximum (32 MiB): without
+// the tuning it is always mmapped. The same test runs with TD_MALLOC_MMAP_THRESHOLD=off
+// (test_mpi_collectives.malloc_off), where it must be mmapped: the setting is what decides.
+TEST_CASE("init_process_group keeps MPI's large temporary buffers on the heap", "[malloc]") {
+  constexpr std::size_t kBytes = std::size_t{48} << 20;
+#if defined(TD_TEST_GLIBC_MALLOC)
+  const char* setting = std::getenv("TD_MALLOC_MMAP_THRESHOLD");
+  const bool off = setting != nullptr && std::strcmp(setting, "off") == 0;
+  const std::size_t mapped_before = mallinfo2().hblkhd;
+  void* p = std::malloc(kBytes);
+  REQUIRE(p != nullptr);
+  std::memset(p, 1, 4096);
+  const std::size_t mapped_during = mallinfo2().hblkhd;
+  std::free(p);
+  if (off) {
+    CHECK(mapped_during >= mapped_before + kBytes);
+  } else {
+    CHECK(mapped_during < mapped_before + kBytes);
+  }
+#else
+  WARN("not glibc's malloc (a sanitizer's): only the collective below is checked");
+#endif
+  // And a collective of that size still sums correctly with either setting.
+  const int size = td::get_world_size();
+  Tensor t = Tensor::full({static_cast<std::int64_t>(kBytes / sizeof(float))}, 1.0f);
+  td::all_reduce(t, ReduceOp::SUM);
+  CHECK(t.data<float>()[0] == static_cast<float>(size));
+  CHECK(t.data<float>()[kBytes / sizeof(float) - 1] == static_cast<float>(size));
+}
