@@ -229,11 +229,22 @@ std::string check_ops(std::span<const LeafRef> leaves, const Analysis& a,
 struct LayoutCache {
   std::uint64_t generation = 0;           // of the dict's canonical order the snapshots follow
   std::uint64_t generation_now = 0;       // set by the caller: the order's generation for this call
+  std::uint64_t stamp = 0;                // the dict's leaf stamp when the ids were last compared
+  std::uint64_t stamp_now = 0;            // set by the caller: DictAccess::leaf_stamp for this call
   std::vector<std::uint64_t> layout_ids;  // of every leaf when `analysis` was made
   Analysis analysis;
 };
 
 std::shared_ptr<LayoutCache> make_layout_cache() { return std::make_shared<LayoutCache>(); }
+
+// The dict's layout cache, told the order generation and leaf stamp of this call (after
+// DictAccess::canonical(d)).
+LayoutCache& layout_cache_for_call(const TensorDict& d) {
+  LayoutCache& cache = DictAccess::layout_cache(d);
+  cache.generation_now = DictAccess::canonical_generation(d);
+  cache.stamp_now = DictAccess::leaf_stamp(d);
+  return cache;
+}
 
 namespace {
 
@@ -244,11 +255,16 @@ const Analysis& analyse_cached(std::span<const LeafRef> leaves, LayoutCache* cac
     scratch = analyse_layout(leaves);
     return scratch;
   }
-  // Runs once per leaf per call: one load and compare (equal layout ids mean equal layouts).
   bool hit = cache->generation == generation && cache->layout_ids.size() == leaves.size();
-  const std::uint64_t* ids = cache->layout_ids.data();
-  for (std::size_t i = 0; hit && i < leaves.size(); ++i)
-    hit = ids[i] == TensorAccess::layout_id(*leaves[i].tensor);
+  // Same order, same leaf stamp: no leaf object was assigned, moved from or re-laid out since the
+  // ids were compared, so they still match (O(sub-dicts), computed by canonical()). Otherwise
+  // one load and compare per leaf (equal layout ids mean equal layouts).
+  if (hit && cache->stamp != cache->stamp_now) {
+    const std::uint64_t* ids = cache->layout_ids.data();
+    for (std::size_t i = 0; hit && i < leaves.size(); ++i)
+      hit = ids[i] == TensorAccess::layout_id(*leaves[i].tensor);
+  }
+  cache->stamp = cache->stamp_now;
   if (!hit) {
     cache->analysis = analyse_layout(leaves);
     cache->layout_ids.clear();
@@ -581,15 +597,32 @@ void note_extra_bytes(std::size_t n) {
   g_stats.peak_extra_bytes = std::max(g_stats.peak_extra_bytes, n);
 }
 
-void run_sync(const BucketPlan& plan, std::span<const LeafRef> leaves, const CollectiveCall& call,
-              GroupState& g, const LeafMemory& mem) {
+// Largest message of a span of leaves run in place (no pack buffer): large enough that the
+// per-message latency is negligible, small enough to stay below the mmap threshold that
+// init_process_group sets (MPI's temporary buffer for it is then recycled, docs/configuration.md).
+constexpr std::size_t kDirectMessageBytes = std::size_t{4} << 20;
+
+// Which of the plan's buckets run in place on the leaves' memory (cached in `mem` per plan).
+std::vector<char> direct_buckets(const std::shared_ptr<const BucketPlan>& plan,
+                                 const LeafMemory& mem) {
+  std::lock_guard lock(mem.direct_mu);
+  if (mem.direct_plan != plan) {
+    mem.direct.resize(plan->buckets.size());
+    for (std::size_t b = 0; b < plan->buckets.size(); ++b)
+      mem.direct[b] = static_cast<char>(contiguous_in_memory(plan->buckets[b], mem));
+    mem.direct_plan = plan;
+  }
+  return mem.direct;
+}
+
+void run_sync(const std::shared_ptr<const BucketPlan>& plan_ptr, std::span<const LeafRef> leaves,
+              const CollectiveCall& call, GroupState& g, const LeafMemory& mem) {
+  const BucketPlan& plan = *plan_ptr;
   const Roles roles = roles_of(call, g.rank);
   std::size_t need = 0;
-  std::vector<char> direct(plan.buckets.size());
-  for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
-    direct[b] = static_cast<char>(contiguous_in_memory(plan.buckets[b], mem));
+  const std::vector<char> direct = direct_buckets(plan_ptr, mem);
+  for (std::size_t b = 0; b < plan.buckets.size(); ++b)
     if (!direct[b]) need = std::max(need, plan.buckets[b].nbytes);
-  }
   // TD_SYNC_PIPELINE=1: pack bucket k+1 while bucket k is in flight as a nonblocking collective
   // (two pack buffers). Off by default: measured here, Open MPI 4.1's nonblocking allreduce is so
   // much slower than the blocking one that the overlap loses (docs/bucketing.md, benchmarks.md).
@@ -640,6 +673,26 @@ void run_sync(const BucketPlan& plan, std::span<const LeafRef> leaves, const Col
   for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
     const auto& bk = plan.buckets[b];
     std::byte* p = memory_of(b);
+    if (!pipeline && direct[b]) {
+      // Buckets that follow one another in the same storage (a consolidated dict's) run as one
+      // span, in messages of up to kDirectMessageBytes: zero copies and no more messages than a
+      // hand-written loop over the storage would send.
+      std::size_t end = b + 1, nbytes = bk.nbytes;
+      while (end < plan.buckets.size() && direct[end] && plan.buckets[end].dtype == bk.dtype &&
+             memory_of(end) == p + nbytes) {
+        nbytes += plan.buckets[end].nbytes;
+        ++end;
+      }
+      for_each_message(nbytes, bk.dtype, std::max(plan.max_message_bytes, kDirectMessageBytes),
+                       [&](std::size_t off, int count) {
+                         start_or_run(call, g.rank, g.comm, p + off, count, bk.dtype, nullptr);
+                       });
+      if (avg)
+        divide_in_place(p, static_cast<std::int64_t>(nbytes / itemsize(bk.dtype)), bk.dtype,
+                        g.size);
+      b = end - 1;
+      continue;
+    }
     if (!direct[b] && roles.sends) {  // overlaps bucket b-1 when pipelining
       if (bk.strided) {
         pack(bk, leaves, p);
@@ -889,7 +942,7 @@ std::vector<Work> run_collective(std::span<const LeafRef> leaves, const Collecti
     run_sparse_leaves(*plan, leaves, call, *g);
     return works;
   }
-  run_sync(*plan, leaves, call, *g, *memory);
+  run_sync(plan, leaves, call, *g, *memory);
   run_sparse_leaves(*plan, leaves, call, *g);
   return {};
 }
@@ -949,23 +1002,20 @@ Work broadcast(Tensor& t, int src, const CollectiveOptions& opts) {
 
 std::vector<Work> TensorDict::all_reduce(ReduceOp op, const CollectiveOptions& opts) {
   const auto& leaves = detail::DictAccess::canonical(*this);
-  detail::LayoutCache& cache = detail::DictAccess::layout_cache(*this);
-  cache.generation_now = detail::DictAccess::canonical_generation(*this);
+  detail::LayoutCache& cache = detail::layout_cache_for_call(*this);
   return detail::run_collective(
       leaves, {detail::CollectiveKind::AllReduce, op, 0, "TensorDict.all_reduce", true}, opts,
       &cache);
 }
 std::vector<Work> TensorDict::reduce(int dst, ReduceOp op, const CollectiveOptions& opts) {
   const auto& leaves = detail::DictAccess::canonical(*this);
-  detail::LayoutCache& cache = detail::DictAccess::layout_cache(*this);
-  cache.generation_now = detail::DictAccess::canonical_generation(*this);
+  detail::LayoutCache& cache = detail::layout_cache_for_call(*this);
   return detail::run_collective(
       leaves, {detail::CollectiveKind::Reduce, op, dst, "TensorDict.reduce", true}, opts, &cache);
 }
 std::vector<Work> TensorDict::broadcast(int src, const CollectiveOptions& opts) {
   const auto& leaves = detail::DictAccess::canonical(*this);
-  detail::LayoutCache& cache = detail::DictAccess::layout_cache(*this);
-  cache.generation_now = detail::DictAccess::canonical_generation(*this);
+  detail::LayoutCache& cache = detail::layout_cache_for_call(*this);
   return detail::run_collective(
       leaves, {detail::CollectiveKind::Broadcast, ReduceOp::SUM, src, "TensorDict.broadcast", true},
       opts, &cache);

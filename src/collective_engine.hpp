@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <memory>
+#include <mutex>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -57,6 +59,11 @@ struct CollectiveCall {
 struct LeafMemory {
   std::vector<std::byte*> data;
   std::vector<const Storage*> storage;
+  // Which buckets of `direct_plan` lie back to back in one storage (run in place), computed on
+  // first use with that plan: the leaves' addresses cannot change while this LeafMemory is used.
+  mutable std::mutex direct_mu;
+  mutable std::shared_ptr<const BucketPlan> direct_plan;
+  mutable std::vector<char> direct;
 };
 
 /// What a collective knows once every rank agreed: its group, its bucket plan and its deadline.

@@ -29,6 +29,9 @@ struct DictAccess {
   static LayoutCache& layout_cache(const TensorDict& d);
   /// Changes whenever canonical(d) is rebuilt (so caches derived from the order know to rebuild).
   static std::uint64_t canonical_generation(const TensorDict& d);
+  /// The sum of the tree's leaf-change counts at the last canonical(d): unchanged means that no
+  /// leaf of d's tree had its layout changed (assigned, moved from, re-laid out) since then.
+  static std::uint64_t leaf_stamp(const TensorDict& d);
   /// Every leaf sorted by key. Cached per dict and rebuilt only after a dict of its tree changed
   /// structure (set of a new key, erase, a sub-dict replaced), so a training loop pays the sort
   /// once; checking the cache walks the tree without comparing keys.

@@ -88,6 +88,7 @@ void strided_copy(std::byte* dst, const Shape& dst_strides, const std::byte* src
 void TensorAccess::renew_layout_id(Tensor& t) {
   static std::atomic<std::uint64_t> next{1};
   t.layout_id_ = next.fetch_add(1, std::memory_order_relaxed);
+  if (t.leaf_changes_ != nullptr) ++*t.leaf_changes_;
 }
 
 Tensor TensorAccess::view_of(const Tensor& base, std::int64_t offset, Shape shape) {
@@ -107,7 +108,17 @@ using detail::contiguous_strides;
 using detail::shape_numel;
 
 Tensor::Tensor() = default;
-Tensor::Tensor(const Tensor& other) = default;
+// Copies and moves carry the layout (and its id) but never leaf_changes_, which belongs to the
+// object's place in a dict. Every assignment, and being moved from, changes the object's layout:
+// it counts as a change of the leaf it may be.
+Tensor::Tensor(const Tensor& other)
+    : storage_(other.storage_),
+      offset_(other.offset_),
+      shape_(other.shape_),
+      strides_(other.strides_),
+      dtype_(other.dtype_),
+      sparse_(other.sparse_),
+      layout_id_(other.layout_id_) {}
 // A moved-from tensor is undefined, with layout id 0: a dict leaf moved out of is seen as
 // changed by the collectives' layout cache (which compares ids), never as the old layout.
 Tensor::Tensor(Tensor&& other) noexcept
@@ -120,11 +131,26 @@ Tensor::Tensor(Tensor&& other) noexcept
       layout_id_(std::exchange(other.layout_id_, 0)) {
   other.shape_.clear();
   other.strides_.clear();
+  if (other.leaf_changes_ != nullptr) ++*other.leaf_changes_;
 }
 Tensor::~Tensor() = default;
-Tensor& Tensor::operator=(const Tensor& other) = default;
+
+Tensor& Tensor::operator=(const Tensor& other) {
+  if (this != &other) {
+    storage_ = other.storage_;
+    offset_ = other.offset_;
+    shape_ = other.shape_;
+    strides_ = other.strides_;
+    dtype_ = other.dtype_;
+    sparse_ = other.sparse_;
+    layout_id_ = other.layout_id_;
+  }
+  if (leaf_changes_ != nullptr) ++*leaf_changes_;
+  return *this;
+}
 
 Tensor& Tensor::operator=(Tensor&& other) noexcept {
+  if (leaf_changes_ != nullptr) ++*leaf_changes_;
   if (this == &other) return *this;
   storage_ = std::move(other.storage_);
   offset_ = std::exchange(other.offset_, 0);
@@ -135,6 +161,7 @@ Tensor& Tensor::operator=(Tensor&& other) noexcept {
   layout_id_ = std::exchange(other.layout_id_, 0);
   other.shape_.clear();
   other.strides_.clear();
+  if (other.leaf_changes_ != nullptr) ++*other.leaf_changes_;
   return *this;
 }
 

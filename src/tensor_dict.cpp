@@ -1,6 +1,7 @@
 #include "tensordict/tensor_dict.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <ostream>
 #include <tuple>
@@ -23,6 +24,15 @@ bool starts_with(const Shape& shape, const Shape& prefix) {
 }
 }  // namespace
 
+namespace {
+// Versions are unique across all dicts of the process, not counted per dict: a dict freed and
+// another allocated at the same address never look like the same dict at the same version.
+std::uint64_t next_dict_version() {
+  static std::atomic<std::uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+}  // namespace
+
 struct TensorDict::Impl {
   struct Entry {
     std::string name;
@@ -32,8 +42,12 @@ struct TensorDict::Impl {
   std::vector<Entry> entries;                          // insertion order
   std::unordered_map<std::string, std::size_t> index;  // name -> position in entries
 
-  // Bumped by every structural change of this dict (not of its sub-dicts, which have their own).
-  std::uint64_t version = 0;
+  // Renewed (next_dict_version) by every structural change of this dict (not of its sub-dicts,
+  // which have their own).
+  std::uint64_t version = next_dict_version();
+  // Bumped by every layout change of one of this dict's own leaves (Tensor::leaf_changes_ points
+  // here once the canonical order below was built); never decreases.
+  std::uint64_t leaf_changes = 0;
 
   // Canonical-order cache (see DictAccess::canonical): valid while every dict of the tree, in
   // walk order, is the same object at the same version as when it was built.
@@ -42,6 +56,7 @@ struct TensorDict::Impl {
   std::vector<std::pair<const Impl*, std::uint64_t>> cache_nodes;
   std::vector<Key> cache_keys;
   std::vector<detail::LeafRef> cache;
+  std::uint64_t leaf_stamp = 0;  // sum of leaf_changes over the tree at the last canonical()
   std::shared_ptr<detail::LayoutCache> layout_cache;  // owned here, defined by the collectives
 
   // Positions of the sub-dicts among `entries`, recomputed when `version` moved on (every
@@ -119,7 +134,7 @@ TensorDict& TensorDict::set(const Key& key, Tensor value) {
     if (!e) {
       d->impl().entries.push_back({parts[i], TensorDict(d->impl().batch_size)});
       d->impl().index.emplace(parts[i], d->impl().entries.size() - 1);
-      ++d->impl().version;
+      d->impl().version = next_dict_version();
       e = &d->impl().entries.back();
     } else if (!std::holds_alternative<TensorDict>(e->value)) {
       throw KeyError(
@@ -138,12 +153,12 @@ TensorDict& TensorDict::set(const Key& key, Tensor value) {
       std::get<Tensor>(e->value) = std::move(value);  // same node: cached pointers stay valid
     } else {
       e->value = std::move(value);
-      ++in.version;
+      in.version = next_dict_version();
     }
   } else {
     in.entries.push_back({parts.back(), std::move(value)});
     in.index.emplace(parts.back(), in.entries.size() - 1);
-    ++in.version;
+    in.version = next_dict_version();
   }
   return *this;
 }
@@ -161,7 +176,7 @@ TensorDict& TensorDict::set(const Key& key, TensorDict value) {
         if (!e) {
           d->impl().entries.push_back({p, TensorDict(d->impl().batch_size)});
           d->impl().index.emplace(p, d->impl().entries.size() - 1);
-          ++d->impl().version;
+          d->impl().version = next_dict_version();
           e = &d->impl().entries.back();
         } else if (!std::holds_alternative<TensorDict>(e->value)) {
           throw KeyError(
@@ -183,7 +198,7 @@ TensorDict& TensorDict::set(const Key& key, TensorDict value) {
     in.entries.push_back({parts.back(), std::move(value)});
     in.index.emplace(parts.back(), in.entries.size() - 1);
   }
-  ++in.version;
+  in.version = next_dict_version();
   return *this;
 }
 
@@ -261,7 +276,7 @@ TensorDict& TensorDict::erase(const Key& key) {
   if (it == in.entries.end()) missing(key, key.parts().size() - 1, "");
   in.entries.erase(it);
   in.rebuild_index();
-  ++in.version;
+  in.version = next_dict_version();
   return *this;
 }
 
@@ -476,6 +491,8 @@ std::uint64_t DictAccess::canonical_generation(const TensorDict& d) {
   return d.impl().cache_valid ? d.impl().cache_generation : 0;  // call canonical(d) first
 }
 
+std::uint64_t DictAccess::leaf_stamp(const TensorDict& d) { return d.impl().leaf_stamp; }
+
 const std::vector<LeafRef>& DictAccess::canonical(const TensorDict& cd) {
   auto& d = const_cast<TensorDict&>(cd);
   TensorDict::Impl& in = d.impl();
@@ -483,6 +500,7 @@ const std::vector<LeafRef>& DictAccess::canonical(const TensorDict& cd) {
     // Walk the live tree (no strings, no sort): only dicts reached through it are dereferenced.
     std::size_t k = 0;
     bool same = true;
+    std::uint64_t stamp = 0;
     auto check = [&](auto& self, const TensorDict& node) -> void {
       const TensorDict::Impl* p = node.impl_.get();
       if (!same || p == nullptr || k >= in.cache_nodes.size() || in.cache_nodes[k].first != p ||
@@ -491,19 +509,29 @@ const std::vector<LeafRef>& DictAccess::canonical(const TensorDict& cd) {
         return;
       }
       ++k;
+      stamp += p->leaf_changes;
       for (const std::size_t i : p->subs()) self(self, std::get<TensorDict>(p->entries[i].value));
     };
     check(check, d);
-    if (same && k == in.cache_nodes.size()) return in.cache;
+    if (same && k == in.cache_nodes.size()) {
+      in.leaf_stamp = stamp;
+      return in.cache;
+    }
   }
   in.cache_nodes.clear();
   std::vector<std::pair<Key, Tensor*>> all;
   std::vector<std::string> prefix;
+  std::uint64_t stamp = 0;
+  // Every leaf of the tree counts its changes in its own dict from now on: until the next
+  // rebuild, which any structural change forces, each leaf object stays where it is.
   auto walk = [&](auto& self, TensorDict& node) -> void {
-    in.cache_nodes.emplace_back(&node.impl(), node.impl().version);
-    for (auto& e : node.impl().entries) {
+    TensorDict::Impl& ni = node.impl();
+    in.cache_nodes.emplace_back(&ni, ni.version);
+    stamp += ni.leaf_changes;
+    for (auto& e : ni.entries) {
       prefix.push_back(e.name);
       if (auto* t = std::get_if<Tensor>(&e.value)) {
+        TensorAccess::set_leaf_change_counter(*t, &ni.leaf_changes);
         all.emplace_back(Key(prefix), t);
       } else {
         self(self, std::get<TensorDict>(e.value));
@@ -522,6 +550,7 @@ const std::vector<LeafRef>& DictAccess::canonical(const TensorDict& cd) {
     in.cache.push_back({&in.cache_keys[i], all[i].second, hash_key(in.cache_keys[i])});
   in.cache_valid = true;
   ++in.cache_generation;
+  in.leaf_stamp = stamp;
   return in.cache;
 }
 }  // namespace detail

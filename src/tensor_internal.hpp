@@ -41,8 +41,12 @@ struct TensorAccess {
   }
   /// The id of t's layout (see Tensor::layout_id_): equal ids mean equal layouts.
   static std::uint64_t layout_id(const Tensor& t) { return t.layout_id_; }
-  /// Gives t a new layout id (after setting any of its layout fields).
+  /// Gives t a new layout id (after setting any of its layout fields); counts as a leaf change.
   static void renew_layout_id(Tensor& t);
+  /// Makes t, a leaf of a dict, count its layout changes in *counter (see Tensor::leaf_changes_).
+  static void set_leaf_change_counter(Tensor& t, std::uint64_t* counter) {
+    t.leaf_changes_ = counter;
+  }
   /// How many tensors share t's storage (1: no other tensor can alias it).
   static long storage_use_count(const Tensor& t) { return t.storage_.use_count(); }
   /// A contiguous view of `base`'s storage starting at element `offset` (used by consolidate).

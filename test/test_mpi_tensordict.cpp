@@ -390,3 +390,67 @@ TEST_CASE("the layout cache notices a leaf moved out of, or given new storage of
     CHECK_THAT(e.what(), Catch::Matchers::Contains("p4"));
   }
 }
+
+// A dict skips comparing its leaves when no leaf object changed since the last call (its leaf
+// stamp): every way of changing a leaf object must count, however the new layout was made.
+// Each step changes leaves without touching the dict's structure, then checks that the next
+// bucketed all_reduce reduced the new leaves, at their new addresses, and nothing else.
+TEST_CASE("the layout cache notices every way of changing a leaf object", "[tensordict][cache]") {
+  const float n = static_cast<float>(td::get_world_size());
+  const td::CollectiveOptions opts{.bucket_bytes = 64};
+  TensorDict d;
+  for (int i = 0; i < 6; ++i) d.set(fmt::format("p{}", i), Tensor::full<float>({4}, 1.f));
+  d.set({"sub", "q"}, Tensor::full<float>({4}, 1.f));
+  // Made before the first call, so no layout id is issued after it: only the leaf stamp can tell.
+  const Tensor early_copy = Tensor::full<float>({5}, 2.f);
+  Tensor early_move = Tensor::full<float>({3}, 3.f);
+  d.all_reduce(ReduceOp::SUM, opts);
+  d.all_reduce(ReduceOp::SUM, opts);  // cached analysis and leaf addresses
+  auto ones = [&](const td::Key& key) {
+    d.get(key).copy_(Tensor::full<float>(d.get(key).shape(), 1.f));
+  };
+  auto expect = [&](const td::Key& key, std::size_t count, float value) {
+    INFO(key.str());
+    CHECK(d.get(key).to_vector<float>() == std::vector<float>(count, value));
+  };
+
+  d.get("p0") = early_copy;  // copy-assigned: shares early_copy's storage
+  d.all_reduce(ReduceOp::SUM, opts);
+  expect("p0", 5, 2.f * n);
+  CHECK(early_copy.to_vector<float>() == std::vector<float>(5, 2.f * n));
+
+  d.get("p1") = std::move(early_move);  // move-assigned
+  d.all_reduce(ReduceOp::SUM, opts);
+  expect("p1", 3, 3.f * n);
+
+  std::swap(d.get("p0"), d.get("p1"));  // two leaves trade places (5 and 3 elements)
+  ones("p0");
+  ones("p1");
+  d.all_reduce(ReduceOp::SUM, opts);
+  expect("p0", 3, n);
+  expect("p1", 5, n);
+
+  TensorDict other;
+  other.set("x", Tensor::full<float>({7}, 4.f));
+  std::swap(d.get({"sub", "q"}),
+            other.get("x"));  // a leaf of a sub-dict, swapped with another dict
+  d.all_reduce(ReduceOp::SUM, opts);
+  expect({"sub", "q"}, 7, 4.f * n);
+
+  d.consolidate();  // every leaf re-homed into one storage
+  for (const char* k : {"p0", "p1", "p2", "p3", "p4", "p5"}) ones(k);
+  ones({"sub", "q"});
+  d.all_reduce(ReduceOp::SUM, opts);
+  for (const char* k : {"p2", "p3", "p4", "p5"}) expect(k, 4, n);
+  expect("p0", 3, n);
+  expect({"sub", "q"}, 7, n);
+
+  // The sub-dict dropped and rebuilt with the same keys: another dict (maybe at the same
+  // address) whose leaves live elsewhere.
+  { TensorDict gone = std::move(d.get_dict("sub")); }
+  TensorDict rebuilt;
+  rebuilt.set("q", Tensor::full<float>({2}, 5.f));
+  d.get_dict("sub") = std::move(rebuilt);
+  d.all_reduce(ReduceOp::SUM, opts);
+  expect({"sub", "q"}, 2, 5.f * n);
+}

@@ -151,6 +151,12 @@ class TD_API Tensor {
   // the tensor, so two tensors with the same id have the same layout. Lets the collectives see
   // that a leaf is unchanged since the last call by comparing one number. 0: undefined.
   std::uint64_t layout_id_ = 0;
+  // Set only on a tensor stored as a leaf of a TensorDict: that dict's count of leaf changes,
+  // bumped whenever this object's layout changes (any assignment to it, being moved from, a
+  // layout id renewed). Lets a dict's collectives see that no leaf changed since the last call
+  // without visiting the leaves. Never copied or moved with the tensor: it names where this
+  // object lives, not what it holds.
+  std::uint64_t* leaf_changes_ = nullptr;
 };
 
 /// Prints like torch: tensor([2, 4, 6]), tensor([1., 1.]), with a dtype= suffix where torch prints
