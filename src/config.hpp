@@ -24,6 +24,7 @@ struct Config {
   // TD_MALLOC_MMAP_THRESHOLD (bytes, or "off" = 0): glibc's mmap threshold set at init; the trim
   // threshold becomes 4x that. See apply_malloc_tuning().
   std::size_t malloc_mmap_threshold = std::size_t{64} << 20;
+  bool tune_mpi = true;  // TD_TUNE_MPI (1/0): see tune_open_mpi_before_init()
 };
 
 /// What init_process_group did to glibc's allocator, for logs and the autotune cache key.
@@ -36,6 +37,11 @@ struct MallocTuning {
 /// Sets glibc's M_MMAP_THRESHOLD and M_TRIM_THRESHOLD from TD_MALLOC_MMAP_THRESHOLD unless the user
 /// tuned malloc through its own environment variables; idempotent (the first call decides).
 const MallocTuning& apply_malloc_tuning();
+
+/// Before MPI_Init, when this process initialises Open MPI for a job of 2 ranks: selects libnbc's
+/// ring algorithm for MPI_Iallreduce (OMPI_MCA_coll_libnbc_iallreduce_algorithm=1) unless the
+/// user chose one or TD_TUNE_MPI=0. Returns what it did, for the log ("" if nothing).
+std::string tune_open_mpi_before_init();
 
 /// The process's configuration; throws std::invalid_argument naming the variable on a bad value.
 const Config& config();

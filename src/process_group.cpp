@@ -109,7 +109,9 @@ void init_impl(int* argc, char*** argv, const InitOptions& options) {
   const MallocTuning& malloc_tuning = apply_malloc_tuning();  // before MPI allocates anything
   int initialized = 0;
   MPI_Initialized(&initialized);
+  std::string mpi_tuning;
   if (!initialized) {
+    mpi_tuning = tune_open_mpi_before_init();
     int provided = 0;
     // MULTIPLE: the progress thread tests requests while the caller may be in MPI too.
     const int rc = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
@@ -131,6 +133,7 @@ void init_impl(int* argc, char*** argv, const InitOptions& options) {
                              malloc_tuning.mmap_threshold >> 20, malloc_tuning.trim_threshold >> 20)
                : fmt::format("malloc: left alone ({})", malloc_tuning.reason);
   });
+  if (!mpi_tuning.empty()) log_info([&] { return fmt::format("Open MPI: {}", mpi_tuning); });
 }
 }  // namespace
 

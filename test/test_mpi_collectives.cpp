@@ -220,3 +220,43 @@ TEST_CASE("init_process_group keeps MPI's large temporary buffers on the heap", 
   CHECK(t.data<float>()[0] == static_cast<float>(size));
   CHECK(t.data<float>()[kBytes / sizeof(float) - 1] == static_cast<float>(size));
 }
+
+// MPI_T reads the value Open MPI actually uses, not just our environment.
+static int libnbc_iallreduce_algorithm() {
+  int provided = 0;
+  if (MPI_T_init_thread(MPI_THREAD_SINGLE, &provided) != MPI_SUCCESS) return -2;
+  int index = -1, value = -1, count = 0;
+  MPI_T_cvar_handle handle;
+  if (MPI_T_cvar_get_index("coll_libnbc_iallreduce_algorithm", &index) == MPI_SUCCESS &&
+      MPI_T_cvar_handle_alloc(index, nullptr, &handle, &count) == MPI_SUCCESS) {
+    MPI_T_cvar_read(handle, &value);
+    MPI_T_cvar_handle_free(&handle);
+  }
+  MPI_T_finalize();
+  return value;
+}
+
+// Open MPI's libnbc runs every in-place MPI_Iallreduce of a job under 4 ranks as a binomial
+// reduce + broadcast; at 2 ranks its ring is faster at every size, so init_process_group selects
+// it there (TD_TUNE_MPI=0 or the user's own OMPI_MCA_coll_libnbc_iallreduce_algorithm: left alone).
+TEST_CASE("a 2-rank Open MPI job runs MPI_Iallreduce with libnbc's ring", "[tune_mpi]") {
+  const int algorithm = libnbc_iallreduce_algorithm();
+  if (algorithm < 0) {
+    WARN("not Open MPI's libnbc (no coll_libnbc_iallreduce_algorithm control variable)");
+    return;
+  }
+  const char* user = std::getenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm");
+  const char* tune = std::getenv("TD_TUNE_MPI");
+  const bool off = tune != nullptr && std::strcmp(tune, "0") == 0;
+  if (td::get_world_size() == 2 && !off) {
+    CHECK(algorithm == 1);
+    REQUIRE(user != nullptr);
+    CHECK(std::string(user) == "1");
+  } else if (user == nullptr) {
+    CHECK(algorithm == 0);  // libnbc decides by itself
+  }
+  // Whatever the algorithm, a nonblocking all_reduce still sums right.
+  Tensor t = Tensor::full<float>({1 << 16}, 1.0f);
+  td::all_reduce(t, ReduceOp::SUM, {.async_op = true}).wait();
+  CHECK(t.data<float>()[12345] == static_cast<float>(td::get_world_size()));
+}
