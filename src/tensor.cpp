@@ -85,10 +85,15 @@ void strided_copy(std::byte* dst, const Shape& dst_strides, const std::byte* src
   }
 }
 
+std::atomic<std::uint64_t>& dict_epoch() {
+  static std::atomic<std::uint64_t> epoch{1};
+  return epoch;
+}
+
 void TensorAccess::renew_layout_id(Tensor& t) {
   static std::atomic<std::uint64_t> next{1};
   t.layout_id_ = next.fetch_add(1, std::memory_order_relaxed);
-  if (t.leaf_changes_ != nullptr) ++*t.leaf_changes_;
+  count_leaf_change(t.leaf_changes_);
 }
 
 Tensor TensorAccess::view_of(const Tensor& base, std::int64_t offset, Shape shape) {
@@ -131,7 +136,7 @@ Tensor::Tensor(Tensor&& other) noexcept
       layout_id_(std::exchange(other.layout_id_, 0)) {
   other.shape_.clear();
   other.strides_.clear();
-  if (other.leaf_changes_ != nullptr) ++*other.leaf_changes_;
+  detail::count_leaf_change(other.leaf_changes_);
 }
 Tensor::~Tensor() = default;
 
@@ -145,12 +150,12 @@ Tensor& Tensor::operator=(const Tensor& other) {
     sparse_ = other.sparse_;
     layout_id_ = other.layout_id_;
   }
-  if (leaf_changes_ != nullptr) ++*leaf_changes_;
+  detail::count_leaf_change(leaf_changes_);
   return *this;
 }
 
 Tensor& Tensor::operator=(Tensor&& other) noexcept {
-  if (leaf_changes_ != nullptr) ++*leaf_changes_;
+  detail::count_leaf_change(leaf_changes_);
   if (this == &other) return *this;
   storage_ = std::move(other.storage_);
   offset_ = std::exchange(other.offset_, 0);
@@ -161,7 +166,7 @@ Tensor& Tensor::operator=(Tensor&& other) noexcept {
   layout_id_ = std::exchange(other.layout_id_, 0);
   other.shape_.clear();
   other.strides_.clear();
-  if (other.leaf_changes_ != nullptr) ++*other.leaf_changes_;
+  detail::count_leaf_change(other.leaf_changes_);
   return *this;
 }
 

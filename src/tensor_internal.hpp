@@ -1,6 +1,7 @@
 // Internals of td::Tensor shared by the library's sources (not installed).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -56,6 +57,18 @@ struct TensorAccess {
     return t.offset_ * static_cast<std::int64_t>(itemsize(t.dtype_));
   }
 };
+
+/// Counts every change that can invalidate a dict's cached canonical order or layout analysis,
+/// in any dict of the process: a dict version issued (structural change), a leaf's layout
+/// changed, a TensorDict moved. Unchanged since a dict's last check: nothing of it changed.
+std::atomic<std::uint64_t>& dict_epoch();
+
+/// Records a layout change of a leaf counting into `counter` (Tensor::leaf_changes_), if any.
+inline void count_leaf_change(std::uint64_t* counter) {
+  if (counter == nullptr) return;
+  ++*counter;
+  dict_epoch().fetch_add(1, std::memory_order_relaxed);
+}
 
 /// Row-major strides of a contiguous tensor of `shape`.
 Shape contiguous_strides(const Shape& shape);

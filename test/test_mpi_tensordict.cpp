@@ -445,6 +445,23 @@ TEST_CASE("the layout cache notices every way of changing a leaf object", "[tens
   expect("p0", 3, n);
   expect({"sub", "q"}, 7, n);
 
+  // A sub-dict replaced by moving in a dict built before the last call: no version issued, no
+  // leaf assigned; only the move tells.
+  {
+    TensorDict before;
+    before.set("q", Tensor::full<float>({3}, 6.f));
+    d.all_reduce(ReduceOp::SUM, opts);
+    d.get_dict("sub") = std::move(before);
+    d.all_reduce(ReduceOp::SUM, opts);
+    expect({"sub", "q"}, 3, 6.f * n);
+    // Moved out of: the next call names the moved-from dict instead of using its old leaves.
+    TensorDict taken = std::move(d.get_dict("sub"));
+    CHECK_THROWS_AS(d.all_reduce(ReduceOp::SUM, opts), td::Error);
+    d.get_dict("sub") = std::move(taken);
+    d.all_reduce(ReduceOp::SUM, opts);
+    expect({"sub", "q"}, 3, 6.f * n * n);
+  }
+
   // The sub-dict dropped and rebuilt with the same keys: another dict (maybe at the same
   // address) whose leaves live elsewhere.
   { TensorDict gone = std::move(d.get_dict("sub")); }
