@@ -148,6 +148,35 @@ void find_aliases(std::span<const LeafRef> leaves, Analysis& a) {
   }
 }
 
+// Whether each dtype's reduced dense leaves lie back to back, in canonical order, in one storage
+// (LeafMemory::spans). The leaves a plan skips (aliases, empty) and sparse leaves do not count.
+void find_spans(Analysis& a) {
+  LeafMemory& m = *a.memory;
+  m.spans.clear();
+  m.one_span_per_dtype = false;
+  std::array<int, kNumDTypes> span_of{};
+  span_of.fill(-1);
+  std::array<const Storage*, kNumDTypes> storage_of{};
+  for (std::size_t i = 0; i < a.layout.size(); ++i) {
+    const LeafLayout& l = a.layout[i];
+    if (m.data[i] == nullptr || l.sparse || l.alias_of >= 0) continue;  // undefined, sparse, alias
+    const std::size_t n = l.nbytes();
+    if (n == 0) continue;
+    if (!l.contiguous) return;
+    const auto d = static_cast<std::size_t>(l.dtype);
+    if (span_of[d] < 0) {
+      span_of[d] = static_cast<int>(m.spans.size());
+      storage_of[d] = m.storage[i];
+      m.spans.push_back({l.dtype, m.data[i], n});
+      continue;
+    }
+    auto& sp = m.spans[static_cast<std::size_t>(span_of[d])];
+    if (m.storage[i] != storage_of[d] || m.data[i] != sp.data + sp.nbytes) return;
+    sp.nbytes += n;
+  }
+  m.one_span_per_dtype = true;
+}
+
 // The op-independent part: layouts, aliasing, undefined leaves, the layout hash.
 Analysis analyse_layout(std::span<const LeafRef> leaves) {
   Analysis a;
@@ -178,6 +207,7 @@ Analysis analyse_layout(std::span<const LeafRef> leaves) {
     a.memory->storage[i] = TensorAccess::storage(t);
   }
   find_aliases(leaves, a);
+  find_spans(a);
   for (std::size_t i = 0; i < leaves.size(); ++i) {
     const LeafLayout& l = a.layout[i];
     h = mix(h, leaves[i].key_hash);
@@ -400,19 +430,21 @@ std::string by_rank(const std::vector<std::string>& texts) {
 }
 
 // One small collective: do all ranks hold the same fingerprint? (MAX of h and of ~h: both equal
-// the local values on every rank exactly when all fingerprints are equal.)
-void agree(GroupState& g, const CollectiveCall& call, std::optional<std::size_t> cap,
+// the local values on every rank exactly when all fingerprints are equal.) The same MAX says
+// whether every rank's leaves are one span per dtype (returned; no extra message).
+bool agree(GroupState& g, const CollectiveCall& call, std::optional<std::size_t> cap,
            const std::string& arg_error, std::span<const LeafRef> leaves, const Analysis& a,
            Clock::time_point deadline) {
   const std::string header = call_header(call, cap, g.size);
   std::uint64_t h = a.layout_hash;
   for (unsigned char c : header) h = mix(h, c);
   for (unsigned char c : arg_error) h = mix(h, c);
-  auto buf = std::make_shared<std::array<std::uint64_t, 2>>();
+  auto buf = std::make_shared<std::array<std::uint64_t, 3>>();
   (*buf)[0] = h;
   (*buf)[1] = ~h;
+  (*buf)[2] = a.memory->one_span_per_dtype ? 0 : 1;
   MPI_Request req = MPI_REQUEST_NULL;
-  TD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf->data(), 2, MPI_UINT64_T, MPI_MAX, g.comm, &req));
+  TD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf->data(), 3, MPI_UINT64_T, MPI_MAX, g.comm, &req));
   wait_until(
       req, deadline,
       [&] {
@@ -423,6 +455,7 @@ void agree(GroupState& g, const CollectiveCall& call, std::optional<std::size_t>
       buf);
   if ((*buf)[0] != h || (*buf)[1] != ~h)
     explain_disagreement(g, call, header, arg_error, leaves, a, deadline);
+  return (*buf)[2] == 0;
 }
 
 // ---- moving the data -----------------------------------------------------------------------
@@ -602,6 +635,25 @@ void note_extra_bytes(std::size_t n) {
 // init_process_group sets (MPI's temporary buffer for it is then recycled, docs/configuration.md).
 constexpr std::size_t kDirectMessageBytes = std::size_t{4} << 20;
 
+// Every rank holds each dtype's leaves as one span of one storage (a consolidated dict): one
+// pass per span, in place, in messages of up to kDirectMessageBytes, whatever the buckets. The
+// sequence of messages depends only on the agreed layout, so it is the same on every rank.
+void run_spans(const BucketPlan& plan, const CollectiveCall& call, GroupState& g,
+               const LeafMemory& mem) {
+  const Roles roles = roles_of(call, g.rank);
+  const bool avg =
+      roles.receives && call.op == ReduceOp::AVG && call.kind != CollectiveKind::Broadcast;
+  for (const auto& sp : mem.spans) {
+    for_each_message(sp.nbytes, sp.dtype, std::max(plan.max_message_bytes, kDirectMessageBytes),
+                     [&](std::size_t off, int count) {
+                       start_or_run(call, g.rank, g.comm, sp.data + off, count, sp.dtype, nullptr);
+                     });
+    if (avg)
+      divide_in_place(sp.data, static_cast<std::int64_t>(sp.nbytes / itemsize(sp.dtype)), sp.dtype,
+                      g.size);
+  }
+}
+
 // Which of the plan's buckets run in place on the leaves' memory (cached in `mem` per plan).
 std::vector<char> direct_buckets(const std::shared_ptr<const BucketPlan>& plan,
                                  const LeafMemory& mem) {
@@ -673,26 +725,6 @@ void run_sync(const std::shared_ptr<const BucketPlan>& plan_ptr, std::span<const
   for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
     const auto& bk = plan.buckets[b];
     std::byte* p = memory_of(b);
-    if (!pipeline && direct[b]) {
-      // Buckets that follow one another in the same storage (a consolidated dict's) run as one
-      // span, in messages of up to kDirectMessageBytes: zero copies and no more messages than a
-      // hand-written loop over the storage would send.
-      std::size_t end = b + 1, nbytes = bk.nbytes;
-      while (end < plan.buckets.size() && direct[end] && plan.buckets[end].dtype == bk.dtype &&
-             memory_of(end) == p + nbytes) {
-        nbytes += plan.buckets[end].nbytes;
-        ++end;
-      }
-      for_each_message(nbytes, bk.dtype, std::max(plan.max_message_bytes, kDirectMessageBytes),
-                       [&](std::size_t off, int count) {
-                         start_or_run(call, g.rank, g.comm, p + off, count, bk.dtype, nullptr);
-                       });
-      if (avg)
-        divide_in_place(p, static_cast<std::int64_t>(nbytes / itemsize(bk.dtype)), bk.dtype,
-                        g.size);
-      b = end - 1;
-      continue;
-    }
     if (!direct[b] && roles.sends) {  // overlaps bucket b-1 when pipelining
       if (bk.strided) {
         pack(bk, leaves, p);
@@ -917,7 +949,10 @@ PreparedCollective prepare_collective(std::span<const LeafRef> leaves, const Col
     note_error(arg_error, fmt::format("{} {} is out of range for a group of {} ranks",
                                       root_name(call.kind), call.root, g->size));
   if (!extra_arg_error.empty()) note_error(arg_error, std::move(extra_arg_error));
-  if (g->size > 1 && config().check_layout) agree(*g, call, cap, arg_error, leaves, a, deadline);
+  // Without the agreement no rank can know the others' memory: spans only when it ran (or alone).
+  bool spans_everywhere = g->size == 1 && a.memory->one_span_per_dtype;
+  if (g->size > 1 && config().check_layout)
+    spans_everywhere = agree(*g, call, cap, arg_error, leaves, a, deadline);
   if (!arg_error.empty()) throw std::invalid_argument(fmt::format("{}: {}", call.name, arg_error));
 
   std::size_t direct_bytes = 0;
@@ -929,12 +964,12 @@ PreparedCollective prepare_collective(std::span<const LeafRef> leaves, const Col
   auto plan = plan_for(*g, a, cap, direct_bytes);
   log_debug(
       [&] { return fmt::format("{}: {}", call_header(call, cap, g->size), plan->describe()); });
-  return {std::move(g), std::move(plan), deadline, a.memory};
+  return {std::move(g), std::move(plan), deadline, a.memory, spans_everywhere && cap.has_value()};
 }
 
 std::vector<Work> run_collective(std::span<const LeafRef> leaves, const CollectiveCall& call,
                                  const CollectiveOptions& opts, LayoutCache* cache) {
-  auto [g, plan, deadline, memory] = prepare_collective(leaves, call, opts, {}, cache);
+  auto [g, plan, deadline, memory, spans] = prepare_collective(leaves, call, opts, {}, cache);
   if (opts.async_op) {
     // Sparse leaves finish before the Works are returned: their sizes are only known after a
     // first exchange, so they run eagerly (documented in docs/collectives.md).
@@ -942,7 +977,15 @@ std::vector<Work> run_collective(std::span<const LeafRef> leaves, const Collecti
     run_sparse_leaves(*plan, leaves, call, *g);
     return works;
   }
-  run_sync(plan, leaves, call, *g, *memory);
+  if (spans) {
+    log_debug([&] {
+      return fmt::format("{}: every rank consolidated: {} spans of one dtype each, no buckets",
+                         call.name, memory->spans.size());
+    });
+    run_spans(*plan, call, *g, *memory);
+  } else {
+    run_sync(plan, leaves, call, *g, *memory);
+  }
   run_sparse_leaves(*plan, leaves, call, *g);
   return {};
 }

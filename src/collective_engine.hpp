@@ -64,6 +64,16 @@ struct LeafMemory {
   mutable std::mutex direct_mu;
   mutable std::shared_ptr<const BucketPlan> direct_plan;
   mutable std::vector<char> direct;
+  // Set when, for every dtype, the dense leaves that a plan reduces (not aliases, not empty) lie
+  // back to back in canonical order in one storage, as after TensorDict::consolidate(): then
+  // spans[k] covers all of one dtype's leaves, in order of each dtype's first leaf.
+  struct Span {
+    DType dtype;
+    std::byte* data;
+    std::size_t nbytes;
+  };
+  bool one_span_per_dtype = false;
+  std::vector<Span> spans;
 };
 
 /// What a collective knows once every rank agreed: its group, its bucket plan and its deadline.
@@ -72,6 +82,9 @@ struct PreparedCollective {
   std::shared_ptr<const BucketPlan> plan;
   std::chrono::steady_clock::time_point deadline;
   std::shared_ptr<const LeafMemory> memory;  // of the leaves the collective was prepared on
+  // Every rank's leaves are one span per dtype (LeafMemory::spans) and the call is bucketed:
+  // the sync path may run each span as a whole, whatever the buckets.
+  bool spans_everywhere = false;
 };
 
 /// Everything a collective does before moving data: group membership, argument and layout

@@ -229,6 +229,60 @@ TEST_CASE("consolidate: bucketed collectives run on the storage with no pack buf
   CHECK(td::packer_stats().peak_extra_bytes <= 2 * 1024);  // one buffer, two with TD_SYNC_PIPELINE
 }
 
+// A consolidated dict's bucketed calls run one span per dtype (whatever the buckets) only when
+// every rank's dict is consolidated: the agreement says so. Consolidated on some ranks only, every
+// rank runs the buckets. Either way: interleaved dtypes, an alias, an empty leaf and a span
+// larger than one message all come out right, for every collective.
+TEST_CASE("consolidated on all, some or no ranks: every collective still right",
+          "[tensordict][consolidate]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  auto build = [&](ReduceOp op, bool consolidate, int input_rank) {
+    TensorDict d;
+    for (int i = 0; i < 9; ++i) {
+      const std::string key = fmt::format("a{}", i);
+      if (i % 3 == 0) d.set(key, make_input<float>(op, input_rank, {i == 3 ? 1200000 : 17 + i}));
+      if (i % 3 == 1) d.set(key, make_input<double>(op, input_rank, {5 + i}));
+      if (i % 3 == 2) d.set(key, make_input<std::int64_t>(op, input_rank, {3, i}));
+    }
+    d.set("empty", Tensor::zeros({0}, DType::Float32));
+    d.set("z_alias", d.get("a1"));
+    if (consolidate) d.consolidate();
+    return d;
+  };
+  auto holds = [&](const TensorDict& d, ReduceOp op, int n) {
+    bool ok = true;
+    for (int i = 0; i < 9; ++i) {
+      const Tensor& t = d.get(fmt::format("a{}", i));
+      ok = ok && (i % 3 == 0   ? holds_expected<float>(t, op, n)
+                  : i % 3 == 1 ? holds_expected<double>(t, op, n)
+                               : holds_expected<std::int64_t>(t, op, n));
+    }
+    return ok && d.get("z_alias").equal(d.get("a1"));
+  };
+  for (int mode = 0; mode < 3; ++mode) {  // consolidated on: all ranks, even ranks, none
+    const bool mine = mode == 0 || (mode == 1 && rank % 2 == 0);
+    INFO("mode " << mode << ", this rank consolidated: " << mine);
+    for (ReduceOp op : {ReduceOp::SUM, ReduceOp::MAX}) {
+      TensorDict d = build(op, mine, rank);
+      d.all_reduce(op, {.bucket_bytes = 4096});
+      CHECK(holds(d, op, size));
+      TensorDict r = build(op, mine, rank);
+      r.reduce(size - 1, op, {.bucket_bytes = td::kAutoBucketBytes});
+      if (rank == size - 1) CHECK(holds(r, op, size));
+    }
+    TensorDict avg;
+    avg.set("f", make_input<float>(ReduceOp::AVG, rank, {300}));
+    avg.set("g", make_input<float>(ReduceOp::AVG, rank, {7}));
+    if (mine) avg.consolidate();
+    avg.all_reduce(ReduceOp::AVG, {.bucket_bytes = 64});
+    CHECK(holds_expected<float>(avg.get("f"), ReduceOp::AVG, size));
+    CHECK(holds_expected<float>(avg.get("g"), ReduceOp::AVG, size));
+    TensorDict b = build(ReduceOp::SUM, mine, rank);
+    b.broadcast(0, {.bucket_bytes = 4096});
+    CHECK(b == build(ReduceOp::SUM, false, 0));  // every rank holds rank 0's inputs
+  }
+}
+
 TEST_CASE(
     "a layout mismatch is a LayoutMismatchError on every rank naming the key; nothing changes",
     "[tensordict][errors]") {
