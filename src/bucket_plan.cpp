@@ -21,7 +21,7 @@ BucketPlan BucketPlan::build(const std::vector<LeafLayout>& leaves, std::optiona
   if (cap && *cap == 0) throw std::invalid_argument("bucket_bytes must be positive");
   BucketPlan plan;
   plan.cap = cap;
-  constexpr std::size_t kMinMessage = std::size_t{1} << 20;
+  constexpr std::size_t kMinMessage = std::size_t{4} << 20;  // see build() in bucket_plan.hpp
   constexpr std::size_t kUncappedMessage = std::size_t{4} << 20;
   plan.max_message_bytes = max_message_bytes != 0 ? max_message_bytes
                            : cap                  ? std::max(*cap, kMinMessage)

@@ -65,6 +65,7 @@ Config read() {
     c.malloc_mmap_threshold =
         (*v == "off" || *v == "0") ? 0 : parse_positive("TD_MALLOC_MMAP_THRESHOLD", *v);
   if (auto v = env("TD_TUNE_MPI")) c.tune_mpi = parse_bool("TD_TUNE_MPI", *v);
+  if (auto v = env("TD_HUGEPAGES")) c.hugepages = parse_bool("TD_HUGEPAGES", *v);
   if (auto v = env("TD_LOG_LEVEL")) {
     if (*v == "off") {
       c.log_level = LogLevel::Off;

@@ -24,7 +24,8 @@ struct Config {
   // TD_MALLOC_MMAP_THRESHOLD (bytes, or "off" = 0): glibc's mmap threshold set at init; the trim
   // threshold becomes 4x that. See apply_malloc_tuning().
   std::size_t malloc_mmap_threshold = std::size_t{64} << 20;
-  bool tune_mpi = true;  // TD_TUNE_MPI (1/0): see tune_open_mpi_before_init()
+  bool tune_mpi = true;   // TD_TUNE_MPI (1/0): see tune_open_mpi_before_init()
+  bool hugepages = true;  // TD_HUGEPAGES (1/0): storages of 2 MiB or more on transparent huge pages
 };
 
 /// What init_process_group did to glibc's allocator, for logs and the autotune cache key.

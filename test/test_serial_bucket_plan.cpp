@@ -121,5 +121,7 @@ TEST_CASE("direct_bytes sends large leaves alone; uncapped messages are 4 MiB", 
   auto packed = BucketPlan::build(leaves, 1 << 20);
   CHECK(packed.buckets.size() == 1);
   CHECK(BucketPlan::build(leaves, std::nullopt).max_message_bytes == std::size_t{4} << 20);
-  CHECK(BucketPlan::build(leaves, 64).max_message_bytes == std::size_t{1} << 20);
+  CHECK(BucketPlan::build(leaves, 64).max_message_bytes == std::size_t{4} << 20);
+  CHECK(BucketPlan::build(leaves, std::size_t{16} << 20).max_message_bytes == std::size_t{16}
+                                                                                  << 20);
 }

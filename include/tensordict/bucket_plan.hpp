@@ -60,9 +60,9 @@ struct TD_API BucketPlan {
   /// leaves of one dtype, in canonical order, totalling at most *cap bytes (a larger leaf is a
   /// bucket of its own). Leaves of at least `direct_bytes` bytes (0: no such rule) also go on
   /// their own, so they are reduced in place instead of being copied into a pack buffer.
-  /// `max_message_bytes` 0 picks max(*cap, 1 MiB), or 4 MiB without a cap (one 32 MiB message
-  /// is several times slower than eight of 4 MiB on shared memory); a message never exceeds
-  /// INT_MAX elements.
+  /// `max_message_bytes` 0 picks max(*cap, 4 MiB), or 4 MiB without a cap (latency is negligible
+  /// at that size, and MPI's temporary buffer for it stays below the mmap threshold that
+  /// init_process_group sets); a message never exceeds INT_MAX elements.
   static BucketPlan build(const std::vector<LeafLayout>& leaves, std::optional<std::size_t> cap,
                           std::size_t max_message_bytes = 0, std::size_t direct_bytes = 0);
   /// Checks the invariants (every byte of every packable leaf in exactly one bucket, the cap,
