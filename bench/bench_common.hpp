@@ -1098,6 +1098,7 @@ inline void print_workload(const WorkloadResult& res, int ranks) {
 /// Facts about the machine and MPI for the header.
 struct MachineInfo {
   std::string host, cpu, mpi_version, mpi_short;
+  std::string memory;  // what decides page sizes and malloc behaviour (printed with the results)
   long online_cpus = 0;
   int bound_cpus = 0;
 };
@@ -1128,6 +1129,20 @@ inline MachineInfo machine_info() {
   while (!m.mpi_version.empty() && (m.mpi_version.back() == '\0' || m.mpi_version.back() == ' '))
     m.mpi_version.pop_back();
   m.mpi_short = m.mpi_version.substr(0, m.mpi_version.find(','));
+  std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string thp_mode = "unknown";
+  if (std::getline(thp, thp_mode)) {
+    const auto lo = thp_mode.find('['), hi = thp_mode.find(']');
+    if (lo != std::string::npos && hi != std::string::npos)
+      thp_mode = thp_mode.substr(lo + 1, hi - lo - 1);
+  }
+  auto env_or = [](const char* name, const char* dflt) {
+    const char* v = std::getenv(name);
+    return std::string(v && *v ? v : dflt);
+  };
+  m.memory = fmt::format("THP {}; GLIBC_TUNABLES={}; TD_HUGEPAGES={}; TD_MALLOC_MMAP_THRESHOLD={}",
+                         thp_mode, env_or("GLIBC_TUNABLES", "(unset)"), env_or("TD_HUGEPAGES", "1"),
+                         env_or("TD_MALLOC_MMAP_THRESHOLD", "64 MiB"));
   return m;
 }
 
@@ -1141,6 +1156,7 @@ inline void print_header(const MachineInfo& m, const Context& ctx, const Options
   fmt::print("# machine: {}, {} CPUs online (rank 0 may use {}), {}\n", m.host, m.online_cpus,
              m.bound_cpus, m.cpu);
   fmt::print("# MPI: {}\n", m.mpi_version);
+  fmt::print("# memory: {}\n", m.memory);
   fmt::print("# tensordict-mpi {}, compiler {}\n", td::kVersion, __VERSION__);
   fmt::print("# ranks: {}; op: {}; dtype: {} (mixed: its own dtypes)\n", ctx.ranks,
              td::name(ctx.op), dtype);

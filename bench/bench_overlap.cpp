@@ -115,9 +115,9 @@ int main(int argc, char** argv) {
     fmt::print("# bench_overlap: {} ({} leaves), async all_reduce SUM, bucket_bytes=auto\n", w.name,
                w.leaves.size());
     fmt::print(
-        "# machine: {}, {} CPUs, {}\n# MPI: {}\n# ranks: {}; rounds: {}; medians of the max over "
-        "ranks\n",
-        m.host, m.online_cpus, m.cpu, m.mpi_version, size, rounds);
+        "# machine: {}, {} CPUs, {}\n# MPI: {}\n# memory: {}\n# ranks: {}; rounds: {}; medians of "
+        "the max over ranks\n",
+        m.host, m.online_cpus, m.cpu, m.mpi_version, m.memory, size, rounds);
     fmt::print("{:<44} {:>10} {:>10}\n", "variant", "median ms", "hidden");
     fmt::print("{:<44} {:>10.2f}\n", "communication alone", comm_ms);
     auto rows = [&](const char* kind, const Series& s) {
