@@ -929,6 +929,11 @@ std::shared_ptr<const BucketPlan> plan_for(GroupState& g, const Analysis& a,
 
 }  // namespace
 
+std::optional<std::size_t> requested_cap(const CollectiveOptions& opts, bool from_dict) {
+  if (!from_dict) return std::nullopt;
+  return opts.bucket_bytes ? opts.bucket_bytes : config().bucket_bytes;
+}
+
 PreparedCollective prepare_collective(std::span<const LeafRef> leaves, const CollectiveCall& call,
                                       const CollectiveOptions& opts, std::string extra_arg_error,
                                       LayoutCache* cache) {
@@ -937,8 +942,7 @@ PreparedCollective prepare_collective(std::span<const LeafRef> leaves, const Col
   const auto timeout = timeout_of(opts);
   const auto deadline = Clock::now() + timeout;
 
-  std::optional<std::size_t> cap = call.from_dict ? opts.bucket_bytes : std::nullopt;
-  if (call.from_dict && !opts.bucket_bytes && config().bucket_bytes) cap = config().bucket_bytes;
+  std::optional<std::size_t> cap = requested_cap(opts, call.from_dict);
   Analysis scratch;
   const Analysis& a = analyse_cached(leaves, cache, scratch);
   std::string arg_error = a.arg_error;

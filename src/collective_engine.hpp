@@ -87,6 +87,11 @@ struct PreparedCollective {
   bool spans_everywhere = false;
 };
 
+/// The bucket cap a call asks for: opts.bucket_bytes, else TD_BUCKET_BYTES, for a TensorDict
+/// call (`from_dict`); nullopt (one message per leaf) for a single tensor. Unvalidated: 0 and
+/// kAutoBucketBytes are returned as they are.
+std::optional<std::size_t> requested_cap(const CollectiveOptions& opts, bool from_dict);
+
 /// Everything a collective does before moving data: group membership, argument and layout
 /// agreement across the group (throws the same error on every rank), the bucket plan (cached).
 /// `extra_arg_error`, if not empty, is a bad argument found by the caller on this rank.

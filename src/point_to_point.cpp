@@ -27,7 +27,6 @@
 #include <fmt/ranges.h>
 
 #include "collective_engine.hpp"
-#include "config.hpp"
 #include "tensordict/tensor_dict.hpp"
 
 namespace td {
@@ -205,9 +204,7 @@ Peer start_peer_call(int peer, std::string_view what, const char* peer_name, boo
 
 // The bucket cap the sender asks for: 0 is one message per leaf.
 std::uint64_t cap_of(const CollectiveOptions& opts, bool from_dict) {
-  std::optional<std::size_t> cap = from_dict ? opts.bucket_bytes : std::nullopt;
-  if (from_dict && !opts.bucket_bytes && detail::config().bucket_bytes)
-    cap = detail::config().bucket_bytes;
+  const std::optional<std::size_t> cap = detail::requested_cap(opts, from_dict);
   if (!cap) return 0;
   if (*cap == 0) throw std::invalid_argument("bucket_bytes must be positive");
   // kAutoBucketBytes: everything of one dtype in one bucket (consolidated).
