@@ -2,8 +2,10 @@
 //
 // Model. A bucket of B bytes costs one pack copy, one blocking MPI_Allreduce and one unpack copy:
 // T(B) ~ alpha + B / beta + 2 B / copy_bw while B is small enough; past some size the MPI library
-// switches algorithm or falls out of cache and T(B) jumps (here a 32 MiB allreduce costs ~4x a
-// 16 MiB one, and a pack buffer that no longer fits in L2 makes both copies slower). A dict of S
+// switches algorithm or the pack buffer falls out of cache and T(B) jumps (a pack buffer that no
+// longer fits in L2 makes both copies slower; before init_process_group tuned malloc, a 32 MiB
+// allreduce cost 13x a 16 MiB one because its temporary buffer was page-faulted in per call,
+// docs/configuration.md). A dict of S
 // bytes in buckets of B costs about (S/B) T(B), so the best cap is the size whose per-byte cost
 // T(B)/B is lowest. We time that exact cycle on a ladder of sizes (the MAX over ranks, the
 // fastest of a few repetitions, so every rank sees the same numbers and picks the same B) and
