@@ -982,9 +982,10 @@ std::vector<Work> run_collective(std::span<const LeafRef> leaves, const Collecti
     return works;
   }
   if (spans) {
-    log_debug([&] {
+    const std::size_t n_spans = memory->spans.size();  // (a lambda may not capture a binding)
+    log_debug([&call, n_spans] {
       return fmt::format("{}: every rank consolidated: {} spans of one dtype each, no buckets",
-                         call.name, memory->spans.size());
+                         call.name, n_spans);
     });
     run_spans(*plan, call, *g, *memory);
   } else {
