@@ -117,12 +117,54 @@ ProgressEngine& engine() {
 
 }  // namespace
 
+// Without the thread: operations that run in phases (a transfer's handshake, then its data) post
+// their next phase only when they are tested, so waiting on one of them must test the others too,
+// or two ranks each wait on a transfer that only the other's test would advance (a ring of async
+// send/recv: rank A waits on its send while B waits on its own). MPI's own waits progress every
+// request of the process; these are the operations MPI cannot progress by itself.
+class ManualProgress {
+ public:
+  void add(std::span<const std::shared_ptr<WorkState>> works) {
+    std::lock_guard lock(mu_);
+    for (const auto& w : works)
+      if (w->then) pending_.push_back(w);
+  }
+  void run(const WorkState* except) {
+    std::vector<std::shared_ptr<WorkState>> batch;
+    {
+      std::lock_guard lock(mu_);
+      if (pending_.empty()) return;
+      std::erase_if(pending_, [&](const std::weak_ptr<WorkState>& w) {
+        auto s = w.lock();
+        if (!s || s->settled() || s->timed_out()) return true;
+        if (s.get() != except) batch.push_back(std::move(s));
+        return false;
+      });
+    }
+    for (auto& s : batch) s->test();
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::weak_ptr<WorkState>> pending_;
+};
+
+ManualProgress& manual() {
+  static ManualProgress m;
+  return m;
+}
+
 void progress_add(const std::shared_ptr<WorkState>& work) {
-  if (async_progress_enabled()) engine().add(std::span<const std::shared_ptr<WorkState>>(&work, 1));
+  progress_add(std::vector<std::shared_ptr<WorkState>>{work});
 }
 void progress_add(const std::vector<std::shared_ptr<WorkState>>& works) {
-  if (async_progress_enabled()) engine().add(works);
+  if (async_progress_enabled()) {
+    engine().add(works);
+  } else {
+    manual().add(works);
+  }
 }
+void progress_others(const WorkState* except) { manual().run(except); }
 void progress_stop() { engine().stop(); }
 void progress_waiter(int delta) { engine().waiters_.fetch_add(delta, std::memory_order_relaxed); }
 

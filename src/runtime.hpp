@@ -137,6 +137,9 @@ void progress_add(const std::shared_ptr<WorkState>& work);
 /// progress_add for several operations at once (started together: hand them over once all are
 /// started, so the thread does not contend with the starting thread for MPI's locks).
 void progress_add(const std::vector<std::shared_ptr<WorkState>>& works);
+/// Without the progress thread: tests every other pending phased operation handed to
+/// progress_add (wait() and is_completed() call it, as MPI's waits progress every request).
+void progress_others(const WorkState* except);
 /// Stops and joins the progress thread (before MPI_Finalize).
 void progress_stop();
 /// Registers a thread blocked in wait() on an operation the progress thread drives; while there

@@ -17,6 +17,14 @@ namespace {
 void leak(std::shared_ptr<void> p) {
   if (p) new std::shared_ptr<void>(std::move(p));  // NOLINT: intentional leak
 }
+
+// Polling loops test without pausing at first (a small collective completes within microseconds),
+// then yield the core every few polls: with more ranks and threads than cores (oversubscribed
+// jobs, a progress thread per rank) a rank that never yields starves the very peer it waits for.
+// sched_yield returns at once when nothing else wants the core.
+void pause_polling(std::uint64_t spin) {
+  if (spin >= 256 && (spin & 15) == 0) std::this_thread::yield();
+}
 }  // namespace
 
 void wait_until(MPI_Request& req, std::chrono::steady_clock::time_point deadline,
@@ -26,6 +34,7 @@ void wait_until(MPI_Request& req, std::chrono::steady_clock::time_point deadline
     int done = 0;
     TD_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
     if (done) return;
+    pause_polling(spin);
     // Checking the clock costs more than MPI_Test's fast path; look at it every few polls.
     if ((spin & 63) == 0 && std::chrono::steady_clock::now() > deadline) {
       leak(std::move(buffers));
@@ -133,6 +142,8 @@ void WorkState::wait() {
     return;
   }
   for (std::uint64_t spin = 0; !test(); ++spin) {
+    progress_others(this);
+    pause_polling(spin);
     if ((spin & 63) == 0 && std::chrono::steady_clock::now() > deadline) {
       std::lock_guard lock(mu_);
       throw timeout();
@@ -178,7 +189,13 @@ void Work::wait() {
   if (state_) state_->wait();
 }
 
-bool Work::is_completed() { return !state_ || state_->test(); }
+bool Work::is_completed() {
+  if (!state_) return true;
+  if (state_->test()) return true;
+  if (!state_->on_progress_thread.load(std::memory_order_acquire))
+    detail::progress_others(state_.get());
+  return false;
+}
 
 void wait_all(std::vector<Work>& works) {
   std::exception_ptr first;
