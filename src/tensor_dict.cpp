@@ -46,7 +46,7 @@ struct TensorDict::Impl {
   std::uint64_t version = next_dict_version();
   // Bumped by every layout change of one of this dict's own leaves (Tensor::leaf_changes_ points
   // here once the canonical order below was built); never decreases.
-  std::uint64_t leaf_changes = 0;
+  std::atomic<std::uint64_t> leaf_changes{0};
 
   // Canonical-order cache (see DictAccess::canonical): valid while every dict of the tree, in
   // walk order, is the same object at the same version as when it was built.
@@ -519,7 +519,7 @@ const std::vector<LeafRef>& DictAccess::canonical(const TensorDict& cd) {
         return;
       }
       ++k;
-      stamp += p->leaf_changes;
+      stamp += p->leaf_changes.load(std::memory_order_relaxed);
       for (const std::size_t i : p->subs()) self(self, std::get<TensorDict>(p->entries[i].value));
     };
     check(check, d);
@@ -538,7 +538,7 @@ const std::vector<LeafRef>& DictAccess::canonical(const TensorDict& cd) {
   auto walk = [&](auto& self, TensorDict& node) -> void {
     TensorDict::Impl& ni = node.impl();
     in.cache_nodes.emplace_back(&ni, ni.version);
-    stamp += ni.leaf_changes;
+    stamp += ni.leaf_changes.load(std::memory_order_relaxed);
     for (auto& e : ni.entries) {
       prefix.push_back(e.name);
       if (auto* t = std::get_if<Tensor>(&e.value)) {

@@ -45,7 +45,7 @@ struct TensorAccess {
   /// Gives t a new layout id (after setting any of its layout fields); counts as a leaf change.
   static void renew_layout_id(Tensor& t);
   /// Makes t, a leaf of a dict, count its layout changes in *counter (see Tensor::leaf_changes_).
-  static void set_leaf_change_counter(Tensor& t, std::uint64_t* counter) {
+  static void set_leaf_change_counter(Tensor& t, std::atomic<std::uint64_t>* counter) {
     t.leaf_changes_ = counter;
   }
   /// How many tensors share t's storage (1: no other tensor can alias it).
@@ -64,9 +64,9 @@ struct TensorAccess {
 std::atomic<std::uint64_t>& dict_epoch();
 
 /// Records a layout change of a leaf counting into `counter` (Tensor::leaf_changes_), if any.
-inline void count_leaf_change(std::uint64_t* counter) {
+inline void count_leaf_change(std::atomic<std::uint64_t>* counter) {
   if (counter == nullptr) return;
-  ++*counter;
+  counter->fetch_add(1, std::memory_order_relaxed);
   dict_epoch().fetch_add(1, std::memory_order_relaxed);
 }
 
