@@ -565,6 +565,12 @@ struct Roles {
   bool receives;  // this rank holds the result afterwards
 };
 
+// Whether this rank divides its result by the group size afterwards (AVG is a SUM, then a
+// division on the ranks that hold the result).
+bool divides_result(const CollectiveCall& call, Roles roles) {
+  return roles.receives && call.op == ReduceOp::AVG && call.kind != CollectiveKind::Broadcast;
+}
+
 Roles roles_of(const CollectiveCall& call, int rank) {
   switch (call.kind) {
     case CollectiveKind::AllReduce:
@@ -632,24 +638,17 @@ void note_extra_bytes(std::size_t n) {
   g_stats.peak_extra_bytes = std::max(g_stats.peak_extra_bytes, n);
 }
 
-// Largest message of a span of leaves run in place (no pack buffer): large enough that the
-// per-message latency is negligible, small enough to stay below the mmap threshold that
-// init_process_group sets (MPI's temporary buffer for it is then recycled, docs/configuration.md).
-constexpr std::size_t kDirectMessageBytes = std::size_t{4} << 20;
-
 // Every rank holds each dtype's leaves as one span of one storage (a consolidated dict): one
-// pass per span, in place, in messages of up to kDirectMessageBytes, whatever the buckets. The
+// pass per span, in place, in the plan's messages (max(cap, 4 MiB)), whatever the buckets. The
 // sequence of messages depends only on the agreed layout, so it is the same on every rank.
 void run_spans(const BucketPlan& plan, const CollectiveCall& call, GroupState& g,
                const LeafMemory& mem) {
   const Roles roles = roles_of(call, g.rank);
-  const bool avg =
-      roles.receives && call.op == ReduceOp::AVG && call.kind != CollectiveKind::Broadcast;
+  const bool avg = divides_result(call, roles);
   for (const auto& sp : mem.spans) {
-    for_each_message(sp.nbytes, sp.dtype, std::max(plan.max_message_bytes, kDirectMessageBytes),
-                     [&](std::size_t off, int count) {
-                       start_or_run(call, g.rank, g.comm, sp.data + off, count, sp.dtype, nullptr);
-                     });
+    for_each_message(sp.nbytes, sp.dtype, plan.max_message_bytes, [&](std::size_t off, int count) {
+      start_or_run(call, g.rank, g.comm, sp.data + off, count, sp.dtype, nullptr);
+    });
     if (avg)
       divide_in_place(sp.data, static_cast<std::int64_t>(sp.nbytes / itemsize(sp.dtype)), sp.dtype,
                       g.size);
@@ -704,8 +703,7 @@ void run_sync(const std::shared_ptr<const BucketPlan>& plan_ptr, std::span<const
       if (!g.scratch || g.scratch->nbytes < s->nbytes) g.scratch = std::move(s);
     }
   } give_back{g, scratch};
-  const bool avg =
-      roles.receives && call.op == ReduceOp::AVG && call.kind != CollectiveKind::Broadcast;
+  const bool avg = divides_result(call, roles);
   auto memory_of = [&](std::size_t b) {
     const auto& bk = plan.buckets[b];
     return direct[b] ? mem.data[bk.slots[0].leaf] : scratch->data + (b % slots) * stride;
@@ -879,8 +877,7 @@ std::vector<Work> run_async(const BucketPlan& plan, std::span<const LeafRef> lea
     });
     // The finish step runs after completion: the leaves are copied back from the Work's own
     // tensor handles, so it stays valid even if the dict was dropped meanwhile.
-    const bool avg =
-        roles.receives && call.op == ReduceOp::AVG && call.kind != CollectiveKind::Broadcast;
+    const bool avg = divides_result(call, roles);
     const int size = g->size;
     auto bucket = std::make_shared<BucketPlan::Bucket>(bk);
     WorkState* raw = st.get();

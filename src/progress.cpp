@@ -154,16 +154,20 @@ ManualProgress& manual() {
   return m;
 }
 
-void progress_add(const std::shared_ptr<WorkState>& work) {
-  progress_add(std::vector<std::shared_ptr<WorkState>>{work});
-}
-void progress_add(const std::vector<std::shared_ptr<WorkState>>& works) {
+namespace {
+void add_pending(std::span<const std::shared_ptr<WorkState>> works) {
   if (async_progress_enabled()) {
     engine().add(works);
   } else {
     manual().add(works);
   }
 }
+}  // namespace
+
+void progress_add(const std::shared_ptr<WorkState>& work) {
+  add_pending(std::span<const std::shared_ptr<WorkState>>(&work, 1));
+}
+void progress_add(const std::vector<std::shared_ptr<WorkState>>& works) { add_pending(works); }
 void progress_others(const WorkState* except) { manual().run(except); }
 void progress_stop() { engine().stop(); }
 void progress_waiter(int delta) { engine().waiters_.fetch_add(delta, std::memory_order_relaxed); }
