@@ -63,7 +63,8 @@ test-cluster: deps build
 # bench_allreduce at 2 ranks on 2 hosts of the namespace cluster, re-tuning the auto bucket size
 # in a fresh cache directory: $(BUILD_DIR)/bench/allreduce-cluster.csv.
 BENCH_CLUSTER_ARGS ?= --workloads tiny,small,large
-bench-cluster: deps build
+bench-cluster: deps configure
+	$(CMAKE) --build $(BUILD_DIR) -j$(JOBS) --target bench_allreduce
 	mkdir -p $(BUILD_DIR)/bench
 	rm -rf $(BUILD_DIR)/bench/cluster-cache
 	TD_CACHE_DIR=$(abspath $(BUILD_DIR))/bench/cluster-cache scripts/td-cluster with 2 -- \
@@ -74,13 +75,17 @@ bench-cluster: deps build
 # glibc's heap on transparent huge pages too (docs/configuration.md#huge-pages): the launch
 # setting docs/benchmarks.md recommends and measures with; BENCH_ENV= runs without it.
 BENCH_ENV ?= -x GLIBC_TUNABLES=glibc.malloc.hugetlb=1
-bench: deps build
-	@test -x $(BUILD_DIR)/bin/bench_allreduce || { \
-	  echo "bench: $(BUILD_DIR)/bin/bench_allreduce does not exist (is bench/bench_allreduce.cpp written?)" >&2; \
-	  exit 1; }
+# Extra bench_allreduce options, e.g. BENCH_ARGS='--workloads tiny,large'.
+BENCH_ARGS ?=
+# Builds the library and bench_allreduce only (`make test` builds the rest). Progress goes to
+# stderr: one line rewritten in place when stderr is a terminal, a few plain lines otherwise;
+# stdout carries only the results.
+bench: deps configure
+	$(CMAKE) --build $(BUILD_DIR) -j$(JOBS) --target bench_allreduce
 	mkdir -p $(BUILD_DIR)/bench
 	$(MPIRUN) --allow-run-as-root --oversubscribe -np 2 $(BENCH_ENV) $(BUILD_DIR)/bin/bench_allreduce \
-	  --csv $(BUILD_DIR)/bench/allreduce.csv
+	  --progress $$(if [ -t 2 ]; then echo line; else echo log; fi) \
+	  --csv $(BUILD_DIR)/bench/allreduce.csv --plot-dir $(BUILD_DIR)/bench $(BENCH_ARGS)
 
 # configure first: the generated version.hpp is part of the documented API.
 docs: configure

@@ -120,7 +120,7 @@ struct Options {
   std::string csv;
   std::string plot_dir = "build/bench";
   bool no_plot = false;
-  bool quiet = false;
+  std::string progress = "auto";
   std::string samples_csv;   // every round's time, for looking at the noise
   std::string inject_fault;  // hidden: corrupts this variant's result once, to test the guard
 };
@@ -676,28 +676,50 @@ inline double median_of(std::vector<double> v) {
 
 // ---- progress on rank 0's stderr --------------------------------------------------------------
 
-/// A status line: overwritten in place on a terminal, else one line per milestone.
+/// How progress is shown. Results always go to stdout and progress to stderr, so
+/// `bench_allreduce > results.txt` holds nothing but results; `Line` keeps a terminal that shows
+/// both streams readable too.
+enum class ProgressMode {
+  Off,   // nothing
+  Line,  // one status line on stderr, rewritten in place and erased before results are printed
+  Log,   // a few plain lines per workload on stderr (for a log file)
+};
+
+/// "auto": Line when stderr is a terminal, else Log. Under mpirun the ranks' stderr is a pipe
+/// even when mpirun's is a terminal, so `make bench` asks for `line` itself (mpirun forwards a
+/// line without its newline as it comes).
+inline std::optional<ProgressMode> parse_progress(const std::string& s) {
+  if (s == "auto") return isatty(STDERR_FILENO) != 0 ? ProgressMode::Line : ProgressMode::Log;
+  if (s == "line") return ProgressMode::Line;
+  if (s == "log") return ProgressMode::Log;
+  if (s == "none" || s == "off") return ProgressMode::Off;
+  return std::nullopt;
+}
+
+/// The status of a running benchmark, on stderr.
 class Progress {
  public:
-  explicit Progress(bool on) : on_(on), tty_(isatty(STDERR_FILENO) != 0) {}
-  /// `milestone` lines are also printed when stderr is not a terminal.
+  explicit Progress(ProgressMode mode) : mode_(mode) {}
+  /// A `milestone` is also printed, as its own line, in Log mode; other updates only in Line mode.
   void show(const std::string& line, bool milestone) {
-    if (!on_) return;
-    if (tty_) {
+    if (mode_ == ProgressMode::Line) {
       std::fprintf(stderr, "\r\033[K%s", line.c_str());
-    } else if (milestone) {
+      dirty_ = true;
+    } else if (mode_ == ProgressMode::Log && milestone) {
       std::fprintf(stderr, "%s\n", line.c_str());
     }
     std::fflush(stderr);
   }
+  /// Erases the status line (before results go to stdout, which may be the same terminal).
   void clear() {
-    if (on_ && tty_) std::fprintf(stderr, "\r\033[K");
+    if (mode_ == ProgressMode::Line && dirty_) std::fprintf(stderr, "\r\033[K");
+    dirty_ = false;
     std::fflush(stderr);
   }
 
  private:
-  bool on_;
-  bool tty_;
+  ProgressMode mode_;
+  bool dirty_ = false;
 };
 
 /// The logical AND of `ok` over all ranks (returned on every rank).
@@ -889,7 +911,7 @@ inline WorkloadResult run_workload(const Workload& w, const Context& ctx, const 
         fmt::format("workload {}: {} gave a wrong result ({} with op {}); no timings reported",
                     w.name, list, ctx.dict_call(), td::name(ctx.op)));
   }
-  progress.show(fmt::format("[bench] {}: {} variants checked, results correct", w.name, nv), true);
+  progress.show(fmt::format("[bench] {}: {} variants checked, results correct", w.name, nv), false);
   for (auto& v : vs) v.fill_neutral();
 
   // 2. Warm-up (caches, plans, pages); the fastest warm-up call sets the variant's round count.
@@ -922,7 +944,9 @@ inline WorkloadResult run_workload(const Workload& w, const Context& ctx, const 
     max_rounds = std::max(max_rounds, v.rounds);
   }
   progress.show(
-      fmt::format("[bench] {}: timing {} variants, up to {} rounds", w.name, nv, max_rounds), true);
+      fmt::format("[bench] {}: {} variants checked, results correct; timing, up to {} rounds",
+                  w.name, nv, max_rounds),
+      true);
 
   // 3. Timed rounds: every variant once per round, in an order shuffled afresh each round (the
   //    same on every rank), so no variant always follows the same neighbour: after a variant that
@@ -957,7 +981,7 @@ inline WorkloadResult run_workload(const Workload& w, const Context& ctx, const 
         ++finished;
         progress.show(fmt::format("[bench] {}: {}/{} variants timed ({}: {} rounds)", w.name,
                                   finished, nv, v.label, v.rounds),
-                      true);
+                      false);
       }
     }
     progress.show(fmt::format("[bench] {}: round {}/{}, {}/{} variants timed", w.name, round + 1,
@@ -1043,6 +1067,17 @@ inline std::string ratio_str(double r) {
   return r > 0 ? fmt::format("{:.2f}x", r) : std::string("-");
 }
 
+/// "3.74x faster than per-leaf", "1.02x slower than per-leaf" or "as fast as per-leaf (1.00x)"
+/// for a call that took `seconds` against `baseline_seconds`: the factor is never below 1, the
+/// word says which way it goes.
+inline std::string speed_phrase(double seconds, double baseline_seconds, const std::string& than) {
+  if (!(seconds > 0) || !(baseline_seconds > 0)) return "not comparable with " + than;
+  const double faster = baseline_seconds / seconds;
+  if (faster >= 0.995 && faster < 1.005) return fmt::format("as fast as {} (1.00x)", than);
+  if (faster >= 1) return fmt::format("{:.2f}x faster than {}", faster, than);
+  return fmt::format("{:.2f}x slower than {}", 1 / faster, than);
+}
+
 /// The table and the one-line summary of one workload.
 inline void print_workload(const WorkloadResult& res, int ranks) {
   const Row* per_leaf = res.find(Role::PerLeaf);
@@ -1052,7 +1087,7 @@ inline void print_workload(const WorkloadResult& res, int ranks) {
              res.dtypes, res.leaves, human_bytes(static_cast<double>(res.bytes)),
              static_cast<double>(res.bytes) / 1e6, ranks);
   fmt::print("{:<36} {:>6} {:>11} {:>10} {:>8} {:>11} {:>9} {:>10}\n", "variant", "rounds",
-             "median ms", "min ms", "GB/s", "vs per-leaf", "x ideal", "extra MiB");
+             "median ms", "min ms", "GB/s", "speedup", "x ideal", "extra MiB");
   fmt::print("{}\n", std::string(36 + 7 + 12 + 11 + 9 + 12 + 10 + 11, '-'));
   for (const auto& r : res.rows) {
     const bool moves_data = r.role != Role::CheckPlan;
@@ -1082,8 +1117,7 @@ inline void print_workload(const WorkloadResult& res, int ranks) {
                      best->median * 1e3, ratio_str(ideal > 0 ? best->median / ideal : 0));
   if (autob) {
     s += fmt::format(" auto {} ideal", ratio_str(ideal > 0 ? autob->median / ideal : 0));
-    if (per_leaf)
-      s += fmt::format(", {} faster than per-leaf", ratio_str(per_leaf->median / autob->median));
+    if (per_leaf) s += ", " + speed_phrase(autob->median, per_leaf->median, "per-leaf");
     s += ";";
   }
   if (const Row* c = res.find(Role::Consolidated))
@@ -1183,8 +1217,11 @@ inline void print_header(const MachineInfo& m, const Context& ctx, const Options
       "# timings: median over rounds of the MAX over ranks of one call (MPI_Wtime, barrier\n"
       "#   before each call). Each round runs every variant once, in a freshly shuffled\n"
       "#   order (same on all ranks); each variant works on its own copy of the data.\n"
-      "#   GB/s = payload bytes / median (algorithm bandwidth); 'x ideal' = median / best\n"
-      "#   ideal; 'extra MiB' = packer_stats().peak_extra_bytes (max over calls and ranks).\n"
+      "#   GB/s = payload bytes / median (algorithm bandwidth); 'speedup' = per-leaf median /\n"
+      "#   median (below 1.00x: slower than per-leaf); 'x ideal' = median / the faster of the\n"
+      "#   two 'ideal' rows (raw MPI on buffers packed in advance; lower is better, below\n"
+      "#   1.00x: faster than both); 'extra MiB' = packer_stats().peak_extra_bytes (max over\n"
+      "#   calls and ranks).\n"
       "#   Every variant was first checked against known values before being timed.\n");
   for (char** e = environ; e && *e; ++e)
     if (std::string_view(*e).substr(0, 3) == "TD_")
@@ -1222,11 +1259,45 @@ inline void write_csv(const std::string& path, const std::vector<WorkloadResult>
   }
 }
 
-/// A log y range over [lo, hi] with the top third left free for the key.
-inline std::string yrange(double lo, double hi) {
-  const double bottom = lo / 1.5;
-  const double top = hi * std::max(3.0, std::sqrt(hi / bottom));
-  return fmt::format("set yrange [{:.4g}:{:.4g}]\n", bottom, top);
+/// Ticks for a log axis over [lo, hi]: whole decades if that gives at least four, else the
+/// 1-2-5 series, else a finer one, so a panel spanning less than a decade is not left with a
+/// single labelled tick.
+inline std::vector<double> log_ticks(double lo, double hi) {
+  static const std::vector<std::vector<double>> kSeries = {
+      {1}, {1, 2, 5}, {1, 1.5, 2, 3, 5, 7}, {1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8}};
+  std::vector<double> out;
+  if (!(lo > 0) || !(hi > lo)) return out;
+  const int first = static_cast<int>(std::floor(std::log10(lo)));
+  const int last = static_cast<int>(std::ceil(std::log10(hi)));
+  for (const auto& series : kSeries) {
+    out.clear();
+    for (int e = first; e <= last; ++e)
+      for (double m : series) {
+        const double v = m * std::pow(10.0, e);
+        if (v >= lo && v <= hi) out.push_back(v);
+      }
+    if (out.size() >= 4) break;
+  }
+  return out;
+}
+
+/// `set <axis>tics (...)` with labels "<value><suffix>" ("%g" of the value).
+inline std::string tics_command(const std::string& axis, const std::vector<double>& ticks,
+                                const std::string& suffix) {
+  std::string list;
+  for (double v : ticks)
+    list += fmt::format("{}'{:g}{}' {:.6g}", list.empty() ? "" : ", ", v, suffix, v);
+  return fmt::format("set {}tics ({})\n", axis, list);
+}
+
+/// The y range of a panel whose values span [lo, hi]: the top part left free for the key.
+inline std::pair<double, double> panel_yrange(double lo, double hi, std::size_t key_lines) {
+  const double bottom = lo / 1.4;
+  const double span = std::max(hi / bottom, 1.5);
+  // On a log axis the key takes a fixed fraction of the height: raise the top by that fraction.
+  const double key_fraction = std::min(0.6, 0.07 * static_cast<double>(key_lines) + 0.05);
+  const double top = bottom * std::pow(span * 1.15, 1.0 / (1.0 - key_fraction));
+  return {bottom, top};
 }
 
 inline void write_samples(const std::string& path, const std::vector<WorkloadResult>& results) {
@@ -1241,17 +1312,39 @@ inline void write_samples(const std::string& path, const std::vector<WorkloadRes
         out << fmt::format("{},{},{},{:.6f}\n", res.name, r.id, k, r.samples[k] * 1e3);
 }
 
+/// `s` for the inside of a gnuplot double-quoted string, where backslash escapes apply.
+inline std::string gp_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '\\' || c == '"') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
 inline std::string gp_quote(const std::string& s) {
   std::string out = "'";
   for (char c : s) out += c == '\'' ? std::string("''") : std::string(1, c);
   return out + "'";
 }
 
+/// What the figure says about the run, in words.
+struct PlotText {
+  std::string title;     // what was measured: true for every panel
+  std::string subtitle;  // where: ranks, MPI, host, dtypes
+  std::string mpi_call;  // MPI_Allreduce or MPI_Reduce: the raw-MPI reference
+  std::string auto_size;
+};
+
 /// Writes <dir>/<stem>.dat and <stem>.gp and runs gnuplot if present; returns a note for stdout.
-inline std::string write_plot(const std::string& dir, const std::string& stem,
-                              const std::string& title, const std::vector<WorkloadResult>& results,
-                              const std::vector<BucketChoice>& buckets,
-                              const std::string& auto_size) {
+///
+/// Every panel shows one workload's median times divided by its reference: the faster of the
+/// two raw-MPI variants ("ideal" rows of the table), so one of them sits exactly at 1x and the
+/// other where it really is. The right axis gives the same times in ms. The figure explains
+/// itself in a footnote, so it can be read without the README.
+inline std::string write_plot(const std::string& dir, const std::string& stem, const PlotText& text,
+                              const std::vector<WorkloadResult>& results,
+                              const std::vector<BucketChoice>& buckets) {
   namespace fs = std::filesystem;
   fs::create_directories(dir);
   const fs::path dat = fs::absolute(fs::path(dir) / (stem + ".dat"));
@@ -1261,93 +1354,159 @@ inline std::string write_plot(const std::string& dir, const std::string& stem,
   std::set<std::size_t> xs;
   for (const auto& b : buckets)
     if (b.bytes && *b.bytes != td::kAutoBucketBytes) xs.insert(*b.bytes);
-  xs.insert(kIdealChunkBytes);
+  if (xs.empty()) xs.insert(kIdealChunkBytes);
   const double xmin = static_cast<double>(*xs.begin()) / 2,
                xmax = static_cast<double>(*xs.rbegin()) * 2;
 
   std::ofstream d(dat);
-  d << "# median time / best ideal per bucket size; one block per workload (gnuplot index)\n";
+  d << "# median time / reference (the faster raw-MPI variant) per bucket size; one block per "
+       "workload (gnuplot index)\n";
   std::vector<bool> has_points;
   for (const auto& res : results) {
-    const double ideal = res.best_ideal();
-    d << "# " << res.name << ": bucket_bytes ratio_to_ideal median_ms\n";
+    const double ref = res.best_ideal();
+    d << "# " << res.name << ": bucket_bytes ratio_to_reference median_ms\n";
     bool any = false;
     for (const auto& r : res.rows) {
-      if (r.role != Role::Bucket || ideal <= 0) continue;
-      d << fmt::format("{} {:.6g} {:.6g}\n", r.bucket, r.median / ideal, r.median * 1e3);
+      if (r.role != Role::Bucket || ref <= 0) continue;
+      d << fmt::format("{} {:.6g} {:.6g}\n", r.bucket, r.median / ref, r.median * 1e3);
       any = true;
     }
-    if (!any) d << fmt::format("{} nan nan\n", kIdealChunkBytes);
+    if (!any) d << fmt::format("{} nan nan\n", *xs.begin());
     has_points.push_back(any);
     d << "\n\n";
   }
   d.close();
 
-  std::ofstream s(gp);
-  s << "# generated by bench_common.hpp: gnuplot " << gp.string() << "\n";
-  s << "if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) {\n"
-       "  set terminal pngcairo size 1400,900 noenhanced font 'Sans,10'\n"
-       "} else {\n"
-       "  set terminal png size 1400,900 noenhanced\n"
-       "}\n";
-  s << "set output " << gp_quote(png.string()) << "\n";
-  s << "data = " << gp_quote(dat.string()) << "\n";
   const std::size_t panels = results.size() + (results.size() > 1 ? 1 : 0);
   const std::size_t cols = std::min<std::size_t>(3, panels), rows = (panels + cols - 1) / cols;
-  s << fmt::format("set multiplot layout {},{} title {} font ',13'\n", rows, cols, gp_quote(title));
+  constexpr int kSidePx = 90, kGapPx = 170, kPanelWidthPx = 430;
+  const int width =
+      2 * kSidePx + kPanelWidthPx * static_cast<int>(cols) + kGapPx * (static_cast<int>(cols) - 1);
+
+  // The footnote: what the axes, the reference and each line are, wrapped to the figure's width.
+  const std::string chunks = size_label(kIdealChunkBytes);
+  const std::vector<std::string> paragraphs = {
+      "Lower is better. Each panel is one workload (its leaves and dtypes in the panel title). "
+      "Left axis: median time of one call divided by the panel's reference (log scale); right "
+      "axis: the same time in ms.",
+      fmt::format("Reference (1x): the faster of two raw-MPI baselines on buffers packed in "
+                  "advance, one per dtype: one {0} per dtype, or the same buffers in {1} calls "
+                  "('{1} chunks'). They copy and check nothing; a call can still land a little "
+                  "below 1x, within run-to-run noise or where its message sizes suit MPI better.",
+                  text.mpi_call, chunks),
+      fmt::format("x axis: bucket_bytes, the largest packed message. per-leaf: one collective per "
+                  "leaf (no bucket_bytes). auto: bucket_bytes = td::kAutoBucketBytes, tuned on "
+                  "this machine ({}). consolidated: auto on a consolidate()d dict (one buffer "
+                  "per dtype, nothing to pack).",
+                  text.auto_size)};
+  const auto line_chars = static_cast<std::size_t>((width - 30) / 7);
+  std::vector<std::string> footnote;
+  for (const auto& para : paragraphs) {
+    std::string line;
+    std::size_t start = 0;
+    while (start < para.size()) {
+      std::size_t end = para.find(' ', start);
+      if (end == std::string::npos) end = para.size();
+      const std::string word = para.substr(start, end - start);
+      if (!line.empty() && line.size() + 1 + word.size() > line_chars) {
+        footnote.push_back(line);
+        line.clear();
+      }
+      line += (line.empty() ? "" : " ") + word;
+      start = end + 1;
+    }
+    if (!line.empty()) footnote.push_back(line);
+  }
+  constexpr int kLinePx = 16, kAxisPx = 62, kHeaderPx = 80, kPanelPx = 420;
+  const int footer_px = kAxisPx + kLinePx * static_cast<int>(footnote.size()) + 12;
+  const int height = kHeaderPx + kPanelPx * static_cast<int>(rows) + footer_px;
+  const double bottom_margin = static_cast<double>(footer_px) / height;
+  const double top_margin = 1.0 - static_cast<double>(kHeaderPx) / height;
+
+  std::ofstream s(gp);
+  s << "# generated by bench_common.hpp: gnuplot " << gp.string() << "\n";
+  s << fmt::format(
+      "if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) {{\n"
+      "  set terminal pngcairo size {0},{1} noenhanced font 'Sans,10'\n"
+      "}} else {{\n"
+      "  set terminal png size {0},{1} noenhanced\n"
+      "}}\n",
+      width, height);
+  s << "set output " << gp_quote(png.string()) << "\n";
+  s << "data = " << gp_quote(dat.string()) << "\n";
+  for (std::size_t k = 0; k < footnote.size(); ++k) {
+    const int y_px = 8 + kLinePx * static_cast<int>(footnote.size() - 1 - k);
+    s << fmt::format("set label {} {} at screen 0.012, screen {:.4f} left font ',9.5'\n", k + 1,
+                     gp_quote(footnote[k]), static_cast<double>(y_px) / height);
+  }
+  s << fmt::format(
+      "set multiplot layout {},{} title \"{}\" font ',13' margins {:.4f}, {:.4f}, {:.4f}, {:.4f} "
+      "spacing {:.4f}, {:.4f}\n",
+      rows, cols, gp_escape(text.title) + "\\n" + gp_escape(text.subtitle),
+      static_cast<double>(kSidePx) / width, 1.0 - static_cast<double>(kSidePx) / width,
+      bottom_margin, top_margin, static_cast<double>(kGapPx) / width,
+      static_cast<double>(kAxisPx + 40) / height);
   s << "set logscale x 2\nset logscale y 10\n";
   s << fmt::format("set xrange [{}:{}]\n", xmin, xmax);
   std::string tics;
   for (auto x : xs)
     tics += (tics.empty() ? "" : ", ") + gp_quote(size_label(x)) + " " + std::to_string(x);
   s << "set xtics (" << tics << ")\n";
-  // One y range for every panel's own values, with room above for the key.
-  s << "set format y '%g'\nset grid xtics ytics mytics\nset key top right font ',9' opaque box\n";
-  s << "set xlabel 'bucket_bytes'\nset ylabel 'median time / ideal (log)'\n";
+  s << "set grid xtics ytics\nset key top right font ',9' opaque box samplen 3\n";
+  s << "set xlabel 'bucket_bytes (largest packed message)'\n";
+  s << "set ylabel 'time / reference (lower is better)'\n";
   const char* colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd",
                           "#8c564b", "#e377c2", "#7f7f7f"};
   for (std::size_t i = 0; i < results.size(); ++i) {
     const auto& res = results[i];
-    const double ideal = res.best_ideal();
-    s << fmt::format("set title {}\n",
-                     gp_quote(fmt::format("{}: {} leaves, {} {} (ideal {:.3f} ms)", res.name,
-                                          res.leaves, human_bytes(static_cast<double>(res.bytes)),
-                                          res.dtypes, ideal * 1e3)));
-    double lo = 1, hi = 1;
-    for (const auto& r : res.rows) {
-      if (r.role == Role::CheckPlan || ideal <= 0 || r.median <= 0) continue;
-      lo = std::min(lo, r.median / ideal);
-      hi = std::max(hi, r.median / ideal);
-    }
-    s << yrange(lo, hi);
+    const double ref = res.best_ideal();
+    s << fmt::format(
+        "set title {}\n",
+        gp_quote(fmt::format("{}: {} leaves, {} ({}); reference {:.3f} ms", res.name, res.leaves,
+                             human_bytes(static_cast<double>(res.bytes)), res.dtypes, ref * 1e3)));
     std::vector<std::string> parts;
     if (has_points[i])
       parts.push_back(
           fmt::format("data index {} using 1:2 with linespoints lw 2 pt 7 ps 1.3 lc rgb '#1f77b4' "
                       "title 'bucket_bytes = x'",
                       i));
-    parts.push_back("1 with lines lw 2 lc rgb 'black' title 'ideal (1 call per dtype)'");
-    auto hline = [&](Role role, const std::string& name, const char* color, int dt) {
+    double lo = 1, hi = 1;
+    for (const auto& r : res.rows)
+      if (r.role == Role::Bucket && ref > 0 && r.median > 0) {
+        lo = std::min(lo, r.median / ref);
+        hi = std::max(hi, r.median / ref);
+      }
+    auto hline = [&](Role role, const std::string& name, const char* color, int dash) {
       const Row* r = res.find(role);
-      if (!r || ideal <= 0) return;
-      parts.push_back(fmt::format("{:.6g} with lines lw 2 dt {} lc rgb '{}' title '{} ({:.2f}x)'",
-                                  r->median / ideal, dt, color, name, r->median / ideal));
+      if (!r || ref <= 0 || r->median <= 0) return;
+      const double ratio = r->median / ref;
+      lo = std::min(lo, ratio);
+      hi = std::max(hi, ratio);
+      parts.push_back(fmt::format("{:.6g} with lines lw 2 dt {} lc rgb '{}' title {}", ratio, dash,
+                                  color, gp_quote(fmt::format("{} ({:.2f}x)", name, ratio))));
     };
     hline(Role::PerLeaf, "per-leaf", "#d62728", 2);
-    hline(Role::Auto, "bucket auto = " + auto_size, "#17becf", 4);
-    hline(Role::Consolidated, "consolidated, auto = " + auto_size, "#2ca02c", 3);
-    std::string inline_data;
-    if (const Row* c = res.find(Role::IdealChunks); c && ideal > 0) {
-      parts.push_back(fmt::format(
-          "'-' using 1:2 with points pt 5 ps 1.6 lc rgb '#ff7f0e' title 'ideal {} chunks "
-          "({:.2f}x)'",
-          size_label(kIdealChunkBytes), c->median / ideal));
-      inline_data = fmt::format("{} {:.6g}\ne\n", kIdealChunkBytes, c->median / ideal);
+    hline(Role::Auto, "auto (" + text.auto_size + ")", "#17becf", 4);
+    hline(Role::Consolidated, "consolidated, auto", "#2ca02c", 3);
+    hline(Role::Ideal, fmt::format("{} per dtype", text.mpi_call), "black", 1);
+    hline(Role::IdealChunks, fmt::format("{} in {} chunks", text.mpi_call, chunks), "#7f7f7f", 5);
+    const auto [bottom, top] = panel_yrange(lo, hi, parts.size());
+    s << fmt::format("set yrange [{:.6g}:{:.6g}]\n", bottom, top);
+    s << tics_command("y", log_ticks(bottom, top), "x");
+    if (ref > 0) {
+      // The right axis: the same range in ms.
+      const double ms = ref * 1e3;
+      s << fmt::format("set logscale y2 10\nset y2range [{:.6g}:{:.6g}]\n", bottom * ms, top * ms);
+      s << tics_command("y2", log_ticks(bottom * ms, top * ms), "");
+      s << "set y2label 'median time per call (ms)'\n";
     }
     s << "plot ";
     for (std::size_t k = 0; k < parts.size(); ++k) s << (k ? ", \\\n     " : "") << parts[k];
-    s << "\n" << inline_data;
+    s << "\n";
+    if (i == 0)
+      for (std::size_t k = 0; k < footnote.size(); ++k) s << "unset label " << k + 1 << "\n";
   }
+  s << "unset y2tics\nunset y2label\nunset logscale y2\n";
   if (results.size() > 1) {
     double lo = 1, hi = 1;
     for (const auto& res : results)
@@ -1356,8 +1515,10 @@ inline std::string write_plot(const std::string& dir, const std::string& stem,
           lo = std::min(lo, r.median / res.best_ideal());
           hi = std::max(hi, r.median / res.best_ideal());
         }
-    s << "set title 'all workloads: bucketed time / ideal'\n";
-    s << yrange(lo, hi);
+    s << "set title 'all workloads: bucketed time / each workload''s reference'\n";
+    const auto [bottom, top] = panel_yrange(lo, hi, results.size() + 1);
+    s << fmt::format("set yrange [{:.6g}:{:.6g}]\n", bottom, top);
+    s << tics_command("y", log_ticks(bottom, top), "x");
     s << "plot ";
     bool first = true;
     for (std::size_t i = 0; i < results.size(); ++i) {
@@ -1367,7 +1528,7 @@ inline std::string write_plot(const std::string& dir, const std::string& stem,
                        colors[i % std::size(colors)], gp_quote(results[i].name));
       first = false;
     }
-    s << (first ? "" : ", \\\n     ") << "1 with lines lw 2 lc rgb 'black' title 'ideal'\n";
+    s << (first ? "" : ", \\\n     ") << "1 with lines lw 2 lc rgb 'black' title 'reference'\n";
   }
   s << "unset multiplot\n";
   s.close();
@@ -1423,7 +1584,12 @@ inline int run_main(int argc, char** argv, Collective kind) {
   app.add_option("--samples-csv", opt.samples_csv,
                  "write every timed round (workload,variant,round,ms)");
   app.add_flag("--no-plot", opt.no_plot, "write no plot");
-  app.add_flag("--quiet", opt.quiet, "no progress lines on stderr");
+  app.add_option("--progress", opt.progress,
+                 "progress on stderr: line (one line rewritten in place), log (a few lines per "
+                 "workload), none, auto (line if stderr is a terminal, else log)")
+      ->capture_default_str();
+  bool quiet = false;
+  app.add_flag("--quiet", quiet, "same as --progress none");
   app.add_option("--inject-fault", opt.inject_fault,
                  "corrupt this variant's checked result (tests the guard)")
       ->group("");
@@ -1468,6 +1634,10 @@ inline int run_main(int argc, char** argv, Collective kind) {
                      [&](const BucketChoice& x) { return x.bytes == c.bytes; }))
       buckets.push_back(c);
   }
+  if (quiet) opt.progress = "none";
+  const auto progress_mode = parse_progress(opt.progress);
+  if (!progress_mode)
+    return fail("unknown --progress '" + opt.progress + "' (line, log, none, auto)");
   for (const auto& w : opt.workloads)
     if (std::find(std::begin(kWorkloadNames), std::end(kWorkloadNames), w) ==
         std::end(kWorkloadNames))
@@ -1488,7 +1658,7 @@ inline int run_main(int argc, char** argv, Collective kind) {
     probe = probe_auto();
     ctx.auto_size = auto_label(probe);
     if (rank == 0) print_header(machine, ctx, opt, opt.dtype, buckets, probe);
-    Progress progress(rank == 0 && !opt.quiet);
+    Progress progress(rank == 0 ? *progress_mode : ProgressMode::Off);
     for (const auto& name : opt.workloads) {
       Workload w = make_workload(name, *dtype);
       std::string unsupported;
@@ -1526,13 +1696,21 @@ inline int run_main(int argc, char** argv, Collective kind) {
       fmt::print("samples: {}\n", opt.samples_csv);
     }
     if (!opt.no_plot && !results.empty()) {
-      const std::string title = fmt::format(
-          "{}({}, {}): median time / ideal {} - {} ranks, {}, {}",
+      const std::string dtypes = std::all_of(opt.workloads.begin(), opt.workloads.end(),
+                                             [](const std::string& w) { return w != "mixed"; })
+                                     ? opt.dtype
+                                     : opt.dtype + ", mixed: 4 dtypes";
+      PlotText text;
+      text.mpi_call = kind == Collective::AllReduce ? "MPI_Allreduce" : "MPI_Reduce";
+      text.auto_size = auto_label(probe) + " here";
+      text.title = fmt::format(
+          "{}({}): median time per call relative to raw {} on buffers packed in advance "
+          "(lower is better)",
           kind == Collective::AllReduce ? "TensorDict.all_reduce" : "TensorDict.reduce",
-          td::name(*op), opt.dtype, kind == Collective::AllReduce ? "MPI_Allreduce" : "MPI_Reduce",
-          ranks, machine.mpi_short, machine.host);
-      fmt::print("{}\n",
-                 write_plot(opt.plot_dir, stem, title, results, buckets, auto_label(probe)));
+          td::name(*op), text.mpi_call);
+      text.subtitle = fmt::format("{} ranks, {}, host {}; dtype {}", ranks, machine.mpi_short,
+                                  machine.host, dtypes);
+      fmt::print("{}\n", write_plot(opt.plot_dir, stem, text, results, buckets));
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_%s: %s\n", stem, e.what());

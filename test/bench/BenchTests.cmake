@@ -1,0 +1,24 @@
+# Tests of what the benchmarks print and plot, and of what `make bench` builds. Included from the
+# benchmarks section of the top-level CMakeLists.txt when tests are built too (needs CLI11 and the
+# bench_allreduce target).
+
+# Wording and axis ticks, without MPI.
+td_add_serial_test(NAME test_serial_bench_text
+                   SOURCES "${CMAKE_CURRENT_LIST_DIR}/test_serial_bench_text.cpp" LABELS bench)
+target_include_directories(test_serial_bench_text PRIVATE "${PROJECT_SOURCE_DIR}/bench")
+target_link_libraries(test_serial_bench_text PRIVATE CLI11::CLI11)
+
+# A short bench_allreduce run at 2 ranks: results alone on stdout, progress on stderr, wording,
+# and the plot script. A fresh tuning each run (no cache), as a new user's first run.
+add_test(NAME bench.output
+  COMMAND bash "${CMAKE_CURRENT_LIST_DIR}/check_bench_output.sh" $<TARGET_FILE:bench_allreduce>
+          ${TD_MPIEXEC_FLAGS})
+set_tests_properties(bench.output PROPERTIES
+  LABELS "bench;mpi"
+  TIMEOUT 300
+  ENVIRONMENT "${_TD_MPI_TEST_ENV};MPIEXEC=${MPIEXEC_EXECUTABLE};TD_AUTOTUNE_CACHE=0")
+
+# `make bench` builds bench_allreduce alone; `make test` builds everything (read with make -n).
+add_test(NAME make.bench_targets
+  COMMAND bash "${CMAKE_CURRENT_LIST_DIR}/check_make_bench.sh" "${PROJECT_SOURCE_DIR}")
+set_tests_properties(make.bench_targets PROPERTIES LABELS "bench;serial" TIMEOUT 60)
