@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Installs a build tree into a temporary prefix and builds test/consumer/consumer.cpp against it
-# twice, the two ways users do: find_package(TensorDict CONFIG) and pkg-config. Each build runs
-# at 2 ranks and must print "consumer ok". Registered as CTest test consumer.install.
+# the two ways users do: find_package(TensorDict CONFIG), and pkg-config with the very commands
+# README.md and docs/getting-started.md give (the fenced block after their
+# "<!-- snippet: pkg-config -->" line, with /opt/td replaced by the temporary prefix and Open MPI's
+# root and oversubscription flags added to mpirun). Each build runs at 2 ranks and must print
+# "consumer ok". Registered as CTest test consumer.install.
 #   usage: test/consumer/run.sh <build dir> [config]
 # Honours CMAKE_COMMAND, MPIEXEC, MPICXX and CXX from the environment.
 set -euo pipefail
@@ -9,6 +12,7 @@ set -euo pipefail
 build_dir=$(cd "${1:?usage: run.sh <build dir> [config]}" && pwd)
 config=${2:-}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+src=$(cd "$here/../.." && pwd)
 cmake_cmd=${CMAKE_COMMAND:-cmake}
 mpiexec=${MPIEXEC:-mpirun}
 mpicxx=${MPICXX:-mpicxx}
@@ -40,20 +44,25 @@ step "find_package(TensorDict) build"
 consumer=$(find "$tmp/cmake-build" -type f -name consumer -perm -u+x -print -quit)
 run_consumer "$consumer"
 
-step "pkg-config build"
-pc_file=$(find "$prefix" -name tensordict.pc -print -quit)
-if [[ -z $pc_file ]]; then
-  echo "run.sh: tensordict.pc was not installed" >&2
+# The pkg-config commands of the pages users read, run as written: they must compile app.cpp,
+# link it so that it finds libtensordict.so.0 at launch (no LD_LIBRARY_PATH is set here), and run.
+if [[ ! -f $prefix/lib/pkgconfig/tensordict.pc ]]; then
+  echo "run.sh: $prefix/lib/pkgconfig/tensordict.pc was not installed (the pages say lib/)" >&2
   exit 1
 fi
-pc_dir=$(dirname "$pc_file")
-libdir=$(dirname "$pc_dir")
-pc_flags=$(PKG_CONFIG_PATH="$pc_dir${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}" \
-  pkg-config --cflags --libs tensordict)
-echo "pkg-config --cflags --libs tensordict: $pc_flags"
-# shellcheck disable=SC2086  # pc_flags is a list of words
-"$mpicxx" -std=c++20 "$here/consumer.cpp" -o "$tmp/consumer_pc" $pc_flags
-LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-  run_consumer -x LD_LIBRARY_PATH "$tmp/consumer_pc"
+for page in README.md docs/getting-started.md; do
+  step "pkg-config build, as $page writes it"
+  block=$("$here/snippet.sh" "$src/$page" pkg-config)
+  script=$(sed -e "s#/opt/td#$prefix#g" -e "s#^mpicxx #$mpicxx #" \
+    -e "s#^mpirun #$mpiexec --allow-run-as-root --oversubscribe #" <<<"$block")
+  printf '%s\n' "$script"
+  rm -rf "$tmp/pc" && mkdir "$tmp/pc" && cp "$here/consumer.cpp" "$tmp/pc/app.cpp"
+  output=$(cd "$tmp/pc" && bash -euo pipefail -c "$script")
+  printf '%s\n' "$output"
+  if ! grep -qx 'consumer ok' <<<"$output"; then
+    echo "run.sh: the pkg-config commands of $page did not print 'consumer ok'" >&2
+    exit 1
+  fi
+done
 
 step "consumer.install passed"
