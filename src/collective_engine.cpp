@@ -276,6 +276,19 @@ LayoutCache& layout_cache_for_call(const TensorDict& d) {
   return cache;
 }
 
+DictLeaves dict_leaves(const TensorDict& d, bool with_cache) {
+  DictLeaves out;
+  try {
+    out.leaves = DictAccess::canonical(d);
+    if (with_cache) out.cache = &layout_cache_for_call(d);
+  } catch (const Error& e) {  // a moved-from dict (or sub-dict)
+    out.leaves = {};
+    out.cache = nullptr;
+    out.error = e.what();
+  }
+  return out;
+}
+
 namespace {
 
 const Analysis& analyse_cached(std::span<const LeafRef> leaves, LayoutCache* cache,
@@ -308,12 +321,19 @@ const Analysis& analyse_cached(std::span<const LeafRef> leaves, LayoutCache* cac
 
 // ---- agreement across ranks ---------------------------------------------------------------
 
-std::string call_header(const CollectiveCall& call, std::optional<std::size_t> cap,
+// Everything a call's ranks must agree on besides the layout, as one line: the arguments and
+// options that change which MPI calls run (async_op: nonblocking calls do not match blocking
+// ones) and the settings read from each process's environment that do the same.
+std::string call_header(const CollectiveCall& call, std::optional<std::size_t> cap, bool async_op,
                         int group_size) {
   std::string h = fmt::format("{}(", call.name);
   if (reduces(call.kind)) h += fmt::format("op={}, ", name(call.op));
   if (has_root(call.kind)) h += fmt::format("{}={}, ", root_name(call.kind), call.root);
-  h += fmt::format("bucket_bytes={}) in a group of {}", cap_str(cap), group_size);
+  h += fmt::format("bucket_bytes={}, async_op={}) in a group of {}", cap_str(cap), async_op,
+                   group_size);
+  const Config& c = config();
+  h += fmt::format(" with TD_CHECK_LAYOUT={} TD_SYNC_PIPELINE={}", int{c.check_layout},
+                   int{c.sync_pipeline});
   return h;
 }
 
@@ -422,7 +442,7 @@ std::string by_rank(const std::vector<std::string>& texts) {
       holds.push_back(found);
     }
     throw LayoutMismatchError(
-        fmt::format("{}: the ranks' TensorDicts differ at key '{}': {} (nothing was reduced)",
+        fmt::format("{}: the ranks' TensorDicts differ at key '{}': {} (no data was sent)",
                     call.name, key, by_rank(holds)));
   }
   throw LayoutMismatchError(
@@ -432,11 +452,14 @@ std::string by_rank(const std::vector<std::string>& texts) {
 // One small collective: do all ranks hold the same fingerprint? (MAX of h and of ~h: both equal
 // the local values on every rank exactly when all fingerprints are equal.) The same MAX says
 // whether every rank's leaves are one span per dtype (returned; no extra message).
-bool agree(GroupState& g, const CollectiveCall& call, std::optional<std::size_t> cap,
+bool agree(GroupState& g, const CollectiveCall& call, std::optional<std::size_t> cap, bool async_op,
            const std::string& arg_error, std::span<const LeafRef> leaves, const Analysis& a,
            Clock::time_point deadline) {
-  const std::string header = call_header(call, cap, g.size);
-  std::uint64_t h = a.layout_hash;
+  const std::string header = call_header(call, cap, async_op, g.size);
+  // TD_CHECK_LAYOUT=0 leaves the layout out of the fingerprint (not the round itself: the
+  // arguments, the settings and local errors are still agreed, and the message sequence of a
+  // call is the same whatever the setting).
+  std::uint64_t h = config().check_layout ? a.layout_hash : 0x6c61796f7574ull;
   for (unsigned char c : header) h = mix(h, c);
   for (unsigned char c : arg_error) h = mix(h, c);
   auto buf = std::make_shared<std::array<std::uint64_t, 3>>();
@@ -468,15 +491,19 @@ struct BucketMemory {
 // Whether a bucket's leaves lie back to back in memory, so it can run on them directly.
 // Whether a bucket's leaves lie back to back in one storage, so it can run on them directly.
 // Runs per bucket per call: unchecked field reads (every slot holds a dense, defined leaf).
+// These LeafRef forms look at each leaf's own strides rather than trusting the plan's
+// contiguity flags: the leaves they are given need not be the ones the plan was built from (a
+// scatter's parts, a point-to-point peer's plan, a gather's fresh results), and only dtype and
+// shape are agreed for those.
 bool contiguous_in_memory(const BucketPlan::Bucket& b, std::span<const LeafRef> leaves) {
-  if (b.strided) return false;
   const std::size_t isz = itemsize(b.dtype);
   const Tensor& head = *leaves[b.slots[0].leaf].tensor;
+  if (!head.is_contiguous()) return false;
   const Storage* storage = TensorAccess::storage(head);
   const std::byte* first = TensorAccess::data(head, isz);
   for (std::size_t s = 1; s < b.slots.size(); ++s) {
     const Tensor& t = *leaves[b.slots[s].leaf].tensor;
-    if (TensorAccess::storage(t) != storage ||
+    if (TensorAccess::storage(t) != storage || !t.is_contiguous() ||
         TensorAccess::data(t, isz) != first + b.slots[s].offset)
       return false;
   }
@@ -487,7 +514,7 @@ void pack(const BucketPlan::Bucket& b, std::span<const LeafRef> leaves, std::byt
   const std::size_t isz = itemsize(b.dtype);
   for (const auto& slot : b.slots) {
     const Tensor& t = *leaves[slot.leaf].tensor;
-    if (b.strided) {
+    if (!t.is_contiguous()) {
       strided_copy(dst + slot.offset, contiguous_strides(t.shape()), TensorAccess::data(t, isz),
                    t.strides(), t.shape(), isz);
     } else {
@@ -500,7 +527,7 @@ void unpack(const BucketPlan::Bucket& b, std::span<const LeafRef> leaves, const 
   const std::size_t isz = itemsize(b.dtype);
   for (const auto& slot : b.slots) {
     const Tensor& t = *leaves[slot.leaf].tensor;
-    if (b.strided) {
+    if (!t.is_contiguous()) {
       strided_copy(TensorAccess::data(t, isz), t.strides(), src + slot.offset,
                    contiguous_strides(t.shape()), t.shape(), isz);
     } else {
@@ -939,12 +966,16 @@ PreparedCollective prepare_collective(std::span<const LeafRef> leaves, const Col
   std::shared_ptr<GroupState> g = group_of(opts);
   g->checked_comm(call.name);
   const auto timeout = timeout_of(opts);
-  const auto deadline = Clock::now() + timeout;
+  std::string arg_error;
+  if (timeout.count() <= 0)
+    note_error(arg_error, fmt::format("timeout must be positive (got {} ms)", timeout.count()));
+  // A bad timeout still needs a deadline for the agreement that reports it.
+  const auto deadline = deadline_after(timeout.count() > 0 ? timeout : timeout_of({}));
 
   std::optional<std::size_t> cap = requested_cap(opts, call.from_dict);
   Analysis scratch;
   const Analysis& a = analyse_cached(leaves, cache, scratch);
-  std::string arg_error = a.arg_error;
+  note_error(arg_error, a.arg_error);
   note_error(arg_error, check_ops(leaves, a, call));
   if (cap && *cap == 0)
     note_error(arg_error, "bucket_bytes must be positive (or td::kAutoBucketBytes)");
@@ -952,10 +983,11 @@ PreparedCollective prepare_collective(std::span<const LeafRef> leaves, const Col
     note_error(arg_error, fmt::format("{} {} is out of range for a group of {} ranks",
                                       root_name(call.kind), call.root, g->size));
   if (!extra_arg_error.empty()) note_error(arg_error, std::move(extra_arg_error));
-  // Without the agreement no rank can know the others' memory: spans only when it ran (or alone).
-  bool spans_everywhere = g->size == 1 && a.memory->one_span_per_dtype;
-  if (g->size > 1 && config().check_layout)
-    spans_everywhere = agree(*g, call, cap, arg_error, leaves, a, deadline);
+  // The agreement always runs in a group of several ranks: it is what makes a local error, a
+  // differing argument or setting, the same error on every rank instead of a hang.
+  bool spans_everywhere = a.memory->one_span_per_dtype;
+  if (g->size > 1)
+    spans_everywhere = agree(*g, call, cap, opts.async_op, arg_error, leaves, a, deadline);
   if (!arg_error.empty()) throw std::invalid_argument(fmt::format("{}: {}", call.name, arg_error));
 
   std::size_t direct_bytes = 0;
@@ -965,21 +997,31 @@ PreparedCollective prepare_collective(std::span<const LeafRef> leaves, const Col
     direct_bytes = tuned.direct_bytes;
   }
   auto plan = plan_for(*g, a, cap, direct_bytes);
-  log_debug(
-      [&] { return fmt::format("{}: {}", call_header(call, cap, g->size), plan->describe()); });
+  log_debug([&] {
+    return fmt::format("{}: {}", call_header(call, cap, opts.async_op, g->size), plan->describe());
+  });
   return {std::move(g), std::move(plan), deadline, a.memory, spans_everywhere && cap.has_value()};
 }
 
 std::vector<Work> run_collective(std::span<const LeafRef> leaves, const CollectiveCall& call,
-                                 const CollectiveOptions& opts, LayoutCache* cache) {
-  auto [g, plan, deadline, memory, spans] = prepare_collective(leaves, call, opts, {}, cache);
-  if (opts.async_op) {
-    // Sparse leaves finish before the Works are returned: their sizes are only known after a
-    // first exchange, so they run eagerly (documented in docs/collectives.md).
-    auto works = run_async(*plan, leaves, call, g, deadline);
+                                 const CollectiveOptions& opts, LayoutCache* cache,
+                                 std::string extra_arg_error) {
+  auto [g, plan, deadline, memory, spans] =
+      prepare_collective(leaves, call, opts, std::move(extra_arg_error), cache);
+  const std::function<std::string()> describe = [&, n = plan->buckets.size()] {
+    return fmt::format("{} ({} buckets, {} sparse leaves, first key '{}') in a group of {} ranks",
+                       call.name, n, plan->sparse_leaves.size(),
+                       leaves.empty() ? std::string("<none>") : leaves[0].key->str(), g->size);
+  };
+  // Sparse leaves run first, blocking, before any dense bucket: their sizes are only known after
+  // a first exchange, and a sparse leaf's values may be (a view of) a dense leaf of the same
+  // dict, which must not be reduced before the sparse pass has read it.
+  if (!plan->sparse_leaves.empty()) {
+    const BlockingPhase watched(deadline, describe);
     run_sparse_leaves(*plan, leaves, call, *g);
-    return works;
   }
+  if (opts.async_op) return run_async(*plan, leaves, call, g, deadline);
+  const BlockingPhase watched(deadline, describe);
   if (spans) {
     const std::size_t n_spans = memory->spans.size();  // (a lambda may not capture a binding)
     log_debug([&call, n_spans] {
@@ -990,7 +1032,6 @@ std::vector<Work> run_collective(std::span<const LeafRef> leaves, const Collecti
   } else {
     run_sync(plan, leaves, call, *g, *memory);
   }
-  run_sparse_leaves(*plan, leaves, call, *g);
   return {};
 }
 
@@ -1047,25 +1088,26 @@ Work broadcast(Tensor& t, int src, const CollectiveOptions& opts) {
       t, {detail::CollectiveKind::Broadcast, ReduceOp::SUM, src, "broadcast", false}, opts));
 }
 
+namespace {
+std::vector<Work> run_on_dict(TensorDict& d, const detail::CollectiveCall& call,
+                              const CollectiveOptions& opts) {
+  auto in = detail::dict_leaves(d);
+  return detail::run_collective(in.leaves, call, opts, in.cache, std::move(in.error));
+}
+}  // namespace
+
 std::vector<Work> TensorDict::all_reduce(ReduceOp op, const CollectiveOptions& opts) {
-  const auto& leaves = detail::DictAccess::canonical(*this);
-  detail::LayoutCache& cache = detail::layout_cache_for_call(*this);
-  return detail::run_collective(
-      leaves, {detail::CollectiveKind::AllReduce, op, 0, "TensorDict.all_reduce", true}, opts,
-      &cache);
+  return run_on_dict(
+      *this, {detail::CollectiveKind::AllReduce, op, 0, "TensorDict.all_reduce", true}, opts);
 }
 std::vector<Work> TensorDict::reduce(int dst, ReduceOp op, const CollectiveOptions& opts) {
-  const auto& leaves = detail::DictAccess::canonical(*this);
-  detail::LayoutCache& cache = detail::layout_cache_for_call(*this);
-  return detail::run_collective(
-      leaves, {detail::CollectiveKind::Reduce, op, dst, "TensorDict.reduce", true}, opts, &cache);
+  return run_on_dict(*this, {detail::CollectiveKind::Reduce, op, dst, "TensorDict.reduce", true},
+                     opts);
 }
 std::vector<Work> TensorDict::broadcast(int src, const CollectiveOptions& opts) {
-  const auto& leaves = detail::DictAccess::canonical(*this);
-  detail::LayoutCache& cache = detail::layout_cache_for_call(*this);
-  return detail::run_collective(
-      leaves, {detail::CollectiveKind::Broadcast, ReduceOp::SUM, src, "TensorDict.broadcast", true},
-      opts, &cache);
+  return run_on_dict(
+      *this, {detail::CollectiveKind::Broadcast, ReduceOp::SUM, src, "TensorDict.broadcast", true},
+      opts);
 }
 
 }  // namespace td

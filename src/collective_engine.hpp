@@ -125,7 +125,18 @@ bool bucket_is_contiguous_in_memory(const BucketPlan::Bucket& bucket,
 /// Runs `call` on `leaves` (canonical order): checks arguments and layout across the group,
 /// plans buckets and moves the data. Returns pending Works when opts.async_op, else none.
 std::vector<Work> run_collective(std::span<const LeafRef> leaves, const CollectiveCall& call,
-                                 const CollectiveOptions& opts, LayoutCache* cache = nullptr);
+                                 const CollectiveOptions& opts, LayoutCache* cache = nullptr,
+                                 std::string extra_arg_error = {});
+
+/// A TensorDict's leaves for a collective: its canonical order and layout cache, or, when the
+/// dict cannot take part (moved from), no leaves and the reason, which the caller passes to
+/// the agreement as a local error so that every rank raises it instead of this one alone.
+struct DictLeaves {
+  std::span<const LeafRef> leaves;
+  LayoutCache* cache = nullptr;
+  std::string error;
+};
+DictLeaves dict_leaves(const TensorDict& d, bool with_cache = true);
 
 /// Resolves kAutoBucketBytes for a group: measured once per group (collective), then cached.
 TunedBuckets tuned_buckets(GroupState& group, std::chrono::steady_clock::time_point deadline);

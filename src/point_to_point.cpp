@@ -58,8 +58,9 @@ struct Transfer {
 
 std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
-std::shared_ptr<Transfer> transfer_of(std::span<const LeafRef> leaves) {
+std::shared_ptr<Transfer> transfer_of(std::span<const LeafRef> leaves, std::string error) {
   auto x = std::make_shared<Transfer>();
+  x->error = std::move(error);  // the dict cannot take part (moved from): the handshake fails
   x->keys.reserve(leaves.size());
   x->tensors.reserve(leaves.size());
   for (const auto& ref : leaves) {
@@ -165,8 +166,16 @@ int next_tag_base(const std::shared_ptr<detail::GroupState>& g, int peer, bool s
   PeerCounters& pc = g_tags[g.get()];
   if (pc.group.lock() != g) pc = PeerCounters{g, {}};
   const unsigned n = pc.next[{peer, sending, user_tag}]++;
+  // Transfers in the two directions between the same two ranks get different tag blocks (both
+  // sides of one transfer compute the same direction bit): otherwise a transfer from A to B and
+  // one from B to A, started at once, post messages with equal tags to each other (the layout
+  // descriptions after a mismatch travel both ways), and MPI may match either with either.
+  const int sender = sending ? g->rank : peer;
+  const int receiver = sending ? peer : g->rank;
+  const long long direction = sender < receiver ? 1 : 0;
   const long long slot =
-      (static_cast<long long>(user_tag) * kCallsPerTag + n % kCallsPerTag) % slots;
+      ((static_cast<long long>(user_tag) * kCallsPerTag + n % kCallsPerTag) * 2 + direction) %
+      slots;
   return static_cast<int>(slot * kTagsPerCall);
 }
 
@@ -194,6 +203,9 @@ Peer start_peer_call(int peer, std::string_view what, const char* peer_name, boo
   if (peer == g->rank)
     throw std::invalid_argument(
         fmt::format("{}: {} {} is this rank itself", what, peer_name, peer));
+  if (detail::timeout_of(opts).count() <= 0)
+    throw std::invalid_argument(fmt::format("{}: timeout must be positive (got {} ms)", what,
+                                            detail::timeout_of(opts).count()));
   const int user_tag = opts.tag.value_or(0);
   if (user_tag < 0 || user_tag >= kMaxUserTag)
     throw std::invalid_argument(
@@ -203,10 +215,12 @@ Peer start_peer_call(int peer, std::string_view what, const char* peer_name, boo
 }
 
 // The bucket cap the sender asks for: 0 is one message per leaf.
-std::uint64_t cap_of(const CollectiveOptions& opts, bool from_dict) {
+std::uint64_t cap_of(const CollectiveOptions& opts, bool from_dict, std::string_view what) {
   const std::optional<std::size_t> cap = detail::requested_cap(opts, from_dict);
   if (!cap) return 0;
-  if (*cap == 0) throw std::invalid_argument("bucket_bytes must be positive");
+  if (*cap == 0)
+    throw std::invalid_argument(
+        fmt::format("{}: bucket_bytes must be positive (or td::kAutoBucketBytes)", what));
   // kAutoBucketBytes: everything of one dtype in one bucket (consolidated).
   return *cap == kAutoBucketBytes ? std::uint64_t{1} << 62 : *cap;
 }
@@ -215,10 +229,13 @@ std::uint64_t cap_of(const CollectiveOptions& opts, bool from_dict) {
 // that a consolidated transfer streams in pieces the transport pipelines well.
 constexpr std::uint64_t kMaxMessageBytes = std::uint64_t{16} << 20;
 
+// Both sides build it from what the handshake agreed (keys, dtypes, shapes), never from their
+// own leaves' strides: a leaf may be a strided view on one side and contiguous on the other, and
+// both must still post the same messages. Strided leaves are packed by their own strides.
 BucketPlan plan_of(const Transfer& x, std::uint64_t cap) {
   std::vector<LeafLayout> layout;
   layout.reserve(x.tensors.size());
-  for (const Tensor& t : x.tensors) layout.push_back({t.dtype(), t.shape(), t.is_contiguous()});
+  for (const Tensor& t : x.tensors) layout.push_back({t.dtype(), t.shape(), /*contiguous=*/true});
   return BucketPlan::build(layout, cap == 0 ? std::nullopt : std::optional<std::size_t>(cap),
                            kMaxMessageBytes);
 }
@@ -317,7 +334,7 @@ TransferState new_transfer_state(const Peer& p, const CollectiveOptions& opts, c
                                  const char* direction) {
   TransferState t{std::make_shared<WorkState>(), std::make_shared<std::array<std::uint64_t, 2>>(),
                   std::make_shared<int>(0)};
-  t.st->deadline = Clock::now() + detail::timeout_of(opts);
+  t.st->deadline = detail::deadline_after(detail::timeout_of(opts));
   t.st->describe = [p, direction] {
     return fmt::format("{} {} rank {} of the group of {} ranks", p.what, direction, p.rank,
                        p.group->size);
@@ -329,10 +346,12 @@ TransferState new_transfer_state(const Peer& p, const CollectiveOptions& opts, c
 }
 
 Work start_send(std::span<const LeafRef> leaves, int dst, const CollectiveOptions& opts,
-                std::string_view what, bool from_dict) {
+                std::string_view what, bool from_dict, std::string local_error = {}) {
+  // Every argument is checked before start_peer_call takes this call's tag block, so a bad
+  // call changes nothing and a corrected retry pairs with the receiver's pending recv.
+  const std::uint64_t cap = cap_of(opts, from_dict, what);
   const Peer p = start_peer_call(dst, what, "dst", /*sending=*/true, opts);
-  const std::uint64_t cap = cap_of(opts, from_dict);
-  auto x = transfer_of(leaves);
+  auto x = transfer_of(leaves, std::move(local_error));
   TransferState t = new_transfer_state(p, opts, *x, "to");
   const auto& st = t.st;
   const auto header = t.header;
@@ -359,9 +378,9 @@ Work start_send(std::span<const LeafRef> leaves, int dst, const CollectiveOption
 }
 
 Work start_recv(std::span<const LeafRef> leaves, int src, const CollectiveOptions& opts,
-                std::string_view what) {
+                std::string_view what, std::string local_error = {}) {
   const Peer p = start_peer_call(src, what, "src", /*sending=*/false, opts);
-  auto x = transfer_of(leaves);
+  auto x = transfer_of(leaves, std::move(local_error));
   TransferState t = new_transfer_state(p, opts, *x, "from");
   const auto& st = t.st;
   const auto header = t.header;
@@ -411,14 +430,15 @@ LeafRef tensor_ref(Tensor& t) {
 }  // namespace
 
 std::vector<Work> TensorDict::send(int dst, const CollectiveOptions& opts) {
-  return as_vector(start_send(detail::DictAccess::canonical(*this), dst, opts, "TensorDict.send",
-                              /*from_dict=*/true),
-                   opts);
+  auto in = detail::dict_leaves(*this, /*with_cache=*/false);
+  return as_vector(
+      start_send(in.leaves, dst, opts, "TensorDict.send", /*from_dict=*/true, std::move(in.error)),
+      opts);
 }
 
 std::vector<Work> TensorDict::recv(int src, const CollectiveOptions& opts) {
-  return as_vector(start_recv(detail::DictAccess::canonical(*this), src, opts, "TensorDict.recv"),
-                   opts);
+  auto in = detail::dict_leaves(*this, /*with_cache=*/false);
+  return as_vector(start_recv(in.leaves, src, opts, "TensorDict.recv", std::move(in.error)), opts);
 }
 
 std::vector<Work> TensorDict::isend(int dst, const CollectiveOptions& opts) {

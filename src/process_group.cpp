@@ -172,6 +172,12 @@ bool is_initialized() { return runtime().initialized; }
 void destroy_process_group() {
   auto& rt = runtime();
   if (!rt.initialized) return;
+  // Pending operations first, while the progress thread still drives them: each completes
+  // (every rank that destroys its group with the same operations pending lets them finish) or
+  // fails at its own deadline; their Works' destructors then return at once, and nothing calls
+  // MPI after MPI_Finalize.
+  detail::progress_settle_all(
+      "destroy_process_group() ran while this operation was pending and it did not complete");
   detail::progress_stop();
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -241,7 +247,7 @@ void barrier(const std::optional<ProcessGroup>& group) {
   MPI_Request req = MPI_REQUEST_NULL;
   TD_MPI_CHECK(MPI_Ibarrier(comm, &req));
   const auto timeout = detail::timeout_of(opts);
-  detail::wait_until(req, std::chrono::steady_clock::now() + timeout, [&] {
+  detail::wait_until(req, detail::deadline_after(timeout), [&] {
     return fmt::format("barrier of a group of {} ranks did not complete within {} ms", g->size,
                        timeout.count());
   });

@@ -13,9 +13,12 @@
 #include <sys/prctl.h>
 #endif
 
+#include <fmt/format.h>
+
 #include "config.hpp"
 #include "log.hpp"
 #include "runtime.hpp"
+#include "tensordict/errors.hpp"
 
 namespace td::detail {
 
@@ -155,7 +158,29 @@ ManualProgress& manual() {
 }
 
 namespace {
+// Every operation handed over and not yet known to be settled, whichever mode drives it, for
+// destroy_process_group to settle.
+struct LiveWorks {
+  std::mutex mu;
+  std::vector<std::weak_ptr<WorkState>> works;
+};
+LiveWorks& live() {
+  static LiveWorks l;
+  return l;
+}
+
 void add_pending(std::span<const std::shared_ptr<WorkState>> works) {
+  {
+    LiveWorks& l = live();
+    std::lock_guard lock(l.mu);
+    // Pruned as it grows: amortised O(1) per added operation.
+    if (l.works.size() >= 64 && l.works.size() % 64 == 0)
+      std::erase_if(l.works, [](const std::weak_ptr<WorkState>& w) {
+        auto s = w.lock();
+        return !s || s->settled();
+      });
+    l.works.insert(l.works.end(), works.begin(), works.end());
+  }
   if (async_progress_enabled()) {
     engine().add(works);
   } else {
@@ -163,6 +188,25 @@ void add_pending(std::span<const std::shared_ptr<WorkState>> works) {
   }
 }
 }  // namespace
+
+void progress_settle_all(const std::string& why) {
+  std::vector<std::shared_ptr<WorkState>> pending;
+  {
+    LiveWorks& l = live();
+    std::lock_guard lock(l.mu);
+    for (auto& w : l.works)
+      if (auto s = w.lock(); s && !s->settled()) pending.push_back(std::move(s));
+    l.works.clear();
+  }
+  for (auto& s : pending) {
+    try {
+      s->wait();     // until its own deadline; the progress thread, if any, still runs
+    } catch (...) {  // NOLINT(bugprone-empty-catch): the error stays in the state for wait()
+    }
+    s->abandon(std::make_exception_ptr(Error(fmt::format(
+        "{}: {}", why, s->describe ? s->describe() : std::string("a pending operation")))));
+  }
+}
 
 void progress_add(const std::shared_ptr<WorkState>& work) {
   add_pending(std::span<const std::shared_ptr<WorkState>>(&work, 1));

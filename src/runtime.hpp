@@ -65,6 +65,28 @@ struct GroupState {
 std::shared_ptr<GroupState> group_of(const CollectiveOptions& opts);
 /// The timeout of a call's options (the default of init_process_group otherwise).
 std::chrono::milliseconds timeout_of(const CollectiveOptions& opts);
+/// now + timeout, saturating: a timeout too large to add (milliseconds::max() is the natural way
+/// to say "no limit") gives a deadline that never passes instead of one in the past.
+std::chrono::steady_clock::time_point deadline_after(std::chrono::milliseconds timeout);
+/// Whether `deadline` is the one deadline_after gives for "no limit" (nothing to watch).
+bool is_unbounded(std::chrono::steady_clock::time_point deadline);
+
+/// While alive, the calling thread is inside a blocking MPI call of a collective's data phase,
+/// which no timeout can interrupt. If `deadline` passes first, a watchdog thread prints
+/// describe() as a timeout and ends the job (td::abort), as PyTorch's NCCL watchdog does: a peer
+/// lost in the middle of a transfer can otherwise block the surviving ranks forever. Costs two
+/// uncontended lock/unlock pairs; the watchdog thread starts on first use and sleeps otherwise.
+class BlockingPhase {
+ public:
+  BlockingPhase(std::chrono::steady_clock::time_point deadline,
+                const std::function<std::string()>& describe);
+  ~BlockingPhase();
+  BlockingPhase(const BlockingPhase&) = delete;
+  BlockingPhase& operator=(const BlockingPhase&) = delete;
+
+ private:
+  std::uint64_t id_ = 0;  // 0: not armed (unbounded deadline)
+};
 
 /// The MPI datatype of one element of `dtype` (user-defined for Float16 and BFloat16).
 MPI_Datatype mpi_datatype(DType dtype);
@@ -107,6 +129,9 @@ class WorkState {
   bool settled();
   /// Whether a wait() gave up on it (its buffers are leaked; nothing more to wait for).
   bool timed_out();
+  /// Fails a still pending operation with `error` without waiting (its buffers are leaked: MPI
+  /// may still write into them); later wait()s rethrow it. No effect on a settled operation.
+  void abandon(std::exception_ptr error);
   /// Set by the progress thread when it takes the operation over: wait() then sleeps until the
   /// thread completes it instead of calling MPI from a second thread (which would only contend
   /// with the progress thread for Open MPI's locks).
@@ -142,6 +167,10 @@ void progress_add(const std::vector<std::shared_ptr<WorkState>>& works);
 void progress_others(const WorkState* except);
 /// Stops and joins the progress thread (before MPI_Finalize).
 void progress_stop();
+/// destroy_process_group: waits for every pending operation handed to progress_add (each until
+/// its own deadline), then fails those still pending with td::Error naming `why`, so that their
+/// Works' destructors return at once and nothing calls MPI after MPI_Finalize.
+void progress_settle_all(const std::string& why);
 /// Registers a thread blocked in wait() on an operation the progress thread drives; while there
 /// is one, the thread polls without sleeping between rounds.
 void progress_waiter(int delta);

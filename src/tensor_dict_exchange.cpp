@@ -41,8 +41,7 @@ int mpi_count(std::size_t count, std::string_view what) {
 }
 
 // What is wrong with `part` as a dict of `layout`'s layout (keys, dtypes, shapes), or "".
-std::string layout_difference(const std::vector<LeafRef>& layout,
-                              const std::vector<LeafRef>& part) {
+std::string layout_difference(std::span<const LeafRef> layout, std::span<const LeafRef> part) {
   for (std::size_t i = 0; i < std::max(layout.size(), part.size()); ++i) {
     if (i >= part.size()) return fmt::format("it has no key '{}'", layout[i].key->str());
     if (i >= layout.size() || !(*layout[i].key == *part[i].key))
@@ -162,7 +161,10 @@ struct Started {
 void run_bucket(const std::shared_ptr<detail::WorkState>& st,
                 const std::function<void(MPI_Request*)>& start, bool async_op, Started& started) {
   if (!async_op) {
-    start(nullptr);
+    {
+      const detail::BlockingPhase watched(st->deadline, st->describe);
+      start(nullptr);
+    }
     st->wait();  // no requests: runs the finish step now (and releases the buffers)
     return;
   }
@@ -260,9 +262,11 @@ std::vector<Work> gather_leaves(std::span<const LeafRef> leaves,
 std::vector<Work> gather_into_list(const TensorDict& self, CollectiveKind kind, int root,
                                    std::string_view what, std::vector<TensorDict>& out,
                                    const CollectiveOptions& opts) {
-  const std::vector<LeafRef>& leaves = DictAccess::canonical(self);
+  auto in = detail::dict_leaves(self, /*with_cache=*/false);
+  const std::span<const LeafRef> leaves = in.leaves;
   const auto prepared = detail::prepare_collective(
-      leaves, CollectiveCall{kind, ReduceOp::SUM, root, what, /*from_dict=*/true}, opts);
+      leaves, CollectiveCall{kind, ReduceOp::SUM, root, what, /*from_dict=*/true}, opts,
+      std::move(in.error));
   const bool receives = kind == CollectiveKind::AllGather || prepared.group->rank == root;
   std::vector<TensorDict> dicts;
   std::vector<std::shared_ptr<Leaves>> into;
@@ -310,9 +314,11 @@ std::vector<Work> TensorDict::gather(int dst, std::vector<TensorDict>& out,
 std::vector<Work> TensorDict::all_gather_stacked(TensorDict& out,
                                                  const CollectiveOptions& opts) const {
   constexpr std::string_view what = "TensorDict.all_gather_stacked";
-  const std::vector<LeafRef>& leaves = DictAccess::canonical(*this);
+  auto in = detail::dict_leaves(*this, /*with_cache=*/false);
+  const std::span<const LeafRef> leaves = in.leaves;
   const auto prepared = detail::prepare_collective(
-      leaves, CollectiveCall{CollectiveKind::AllGather, ReduceOp::SUM, 0, what, true}, opts);
+      leaves, CollectiveCall{CollectiveKind::AllGather, ReduceOp::SUM, 0, what, true}, opts,
+      std::move(in.error));
   const std::int64_t n = prepared.group->size;
   auto prepend = [n](const Shape& s) {
     Shape out{n};
@@ -383,20 +389,27 @@ TensorDict stack(const std::vector<TensorDict>& dicts) {
 std::vector<Work> TensorDict::scatter(int src, const std::vector<TensorDict>& parts,
                                       const CollectiveOptions& opts) {
   constexpr std::string_view what = "TensorDict.scatter";
-  const std::vector<LeafRef>& leaves = DictAccess::canonical(*this);
+  auto in = detail::dict_leaves(*this, /*with_cache=*/false);
+  const std::span<const LeafRef> leaves = in.leaves;
   const auto group = detail::group_of(opts);
   const bool is_src = group->comm != MPI_COMM_NULL && group->rank == src;
 
-  // On src: every part must have this dict's layout; its leaves are what is packed.
-  std::string err;
+  // On src: every part must have this dict's layout; its leaves are what is packed (any
+  // strides: the packer follows each part's own).
+  std::string err = std::move(in.error);
   std::vector<std::shared_ptr<Leaves>> from;
-  if (is_src) {
+  if (is_src && err.empty()) {
     if (parts.size() != static_cast<std::size_t>(group->size)) {
       err = fmt::format("{} parts for a group of {} ranks (one part per rank)", parts.size(),
                         group->size);
     } else {
       for (std::size_t r = 0; r < parts.size(); ++r) {
-        const std::vector<LeafRef>& pl = DictAccess::canonical(parts[r]);
+        auto part = detail::dict_leaves(parts[r], /*with_cache=*/false);
+        if (!part.error.empty()) {
+          err = fmt::format("parts[{}]: {}", r, part.error);
+          break;
+        }
+        const std::span<const LeafRef> pl = part.leaves;
         const std::string diff = layout_difference(leaves, pl);
         if (!diff.empty()) {
           err = fmt::format("parts[{}] does not have this TensorDict's layout: {}", r, diff);
@@ -454,9 +467,10 @@ std::vector<Work> TensorDict::scatter(int src, const std::vector<TensorDict>& pa
 std::vector<Work> TensorDict::reduce_scatter(TensorDict& out, ReduceOp op,
                                              const CollectiveOptions& opts) const {
   constexpr std::string_view what = "TensorDict.reduce_scatter";
-  const std::vector<LeafRef>& leaves = DictAccess::canonical(*this);
+  auto in = detail::dict_leaves(*this, /*with_cache=*/false);
+  const std::span<const LeafRef> leaves = in.leaves;
   const int group_size = detail::group_of(opts)->size;
-  std::string err;
+  std::string err = std::move(in.error);
   for (const auto& ref : leaves) {
     const Tensor& t = *ref.tensor;
     if (!t.defined() || t.is_sparse() || group_size <= 0) continue;  // prepare_collective says

@@ -74,6 +74,18 @@ bool WorkState::complete_locked() {
   return true;
 }
 
+void WorkState::abandon(std::exception_ptr error) {
+  std::lock_guard lock(mu_);
+  if (status_ != Status::Pending) return;
+  leak(std::move(buffer));
+  for (auto& t : keep_alive) leak(std::make_shared<Tensor>(std::move(t)));
+  for (auto& h : held) leak(std::move(h));
+  keep_alive.clear();
+  held.clear();
+  then = nullptr;
+  fail_locked(std::move(error));
+}
+
 void WorkState::fail_locked(std::exception_ptr error) {
   error_ = std::move(error);
   status_ = Status::Failed;
