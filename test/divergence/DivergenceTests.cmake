@@ -1,0 +1,43 @@
+# Ranks that differ in one input (issue 16), included from the top-level CMakeLists.txt after
+# TensorDictTesting.
+#
+# test_mpi_divergence.<N>ranks: randomized rounds at 2 and 3 ranks (test/test_mpi_divergence.cpp).
+# Its watchdog ends a hung job after 20 s in one phase; the TIMEOUT is the backstop.
+td_add_mpi_test(NAME test_mpi_divergence SOURCES "${PROJECT_SOURCE_DIR}/test/test_mpi_divergence.cpp"
+                RANKS 2 3 TIMEOUT 150)
+
+# test_mpi_divergence.env.<name>: an MPMD launch (Open MPI syntax) in which rank i runs with the
+# environment assignments of the i-th argument ("-" for none; several separated by spaces), e.g.
+#   mpiexec -n 1 env TD_SYNC_PIPELINE=1 test_mpi_divergence [divergence_env] : -n 1 ...
+# TD_* settings are read once per process, so this is the only way to make ranks differ in one.
+function(_td_add_divergence_env_test name)
+  set(cmd ${MPIEXEC_EXECUTABLE} ${TD_MPIEXEC_FLAGS})
+  set(first TRUE)
+  foreach(assignments IN LISTS ARGN)
+    if(NOT first)
+      list(APPEND cmd ":")
+    endif()
+    set(first FALSE)
+    list(APPEND cmd ${MPIEXEC_NUMPROC_FLAG} 1 ${MPIEXEC_PREFLAGS})
+    if(NOT assignments STREQUAL "-")
+      separate_arguments(words UNIX_COMMAND "${assignments}")
+      list(APPEND cmd env ${words})
+    endif()
+    list(APPEND cmd $<TARGET_FILE:test_mpi_divergence> ${MPIEXEC_POSTFLAGS} "[divergence_env]")
+  endforeach()
+  add_test(NAME test_mpi_divergence.env.${name} COMMAND ${cmd})
+  set_tests_properties(test_mpi_divergence.env.${name} PROPERTIES
+    TIMEOUT 60
+    LABELS "mpi"
+    ENVIRONMENT "${_TD_MPI_TEST_ENV}")
+endfunction()
+
+_td_add_divergence_env_test(sync_pipeline.2ranks "TD_SYNC_PIPELINE=1" "-")
+_td_add_divergence_env_test(sync_pipeline.3ranks "-" "TD_SYNC_PIPELINE=1" "-")
+_td_add_divergence_env_test(check_layout.2ranks "-" "TD_CHECK_LAYOUT=0")
+_td_add_divergence_env_test(check_layout.3ranks "TD_CHECK_LAYOUT=0" "-" "-")
+_td_add_divergence_env_test(bucket_bytes.2ranks "TD_BUCKET_BYTES=4096" "-")
+_td_add_divergence_env_test(bucket_bytes.3ranks "TD_BUCKET_BYTES=auto" "TD_BUCKET_BYTES=1024" "TD_BUCKET_BYTES=auto")
+_td_add_divergence_env_test(progress_thread.2ranks "TD_PROGRESS_THREAD=0" "-")
+_td_add_divergence_env_test(progress_thread.3ranks "-" "-" "TD_PROGRESS_THREAD=0")
+_td_add_divergence_env_test(timeout_ms.2ranks "-" "TD_TIMEOUT_MS=4000")
