@@ -24,11 +24,18 @@ namespace {
 // waiting fails the test well inside CTest's limit.
 constexpr std::chrono::milliseconds kTimeout{8000};
 
-// "s<r>" (built with append: GCC 12 warns, falsely, on "s" + std::to_string(r) under -O2).
-std::string key_of(int r) {
-  std::string k = "s";
+// "<prefix><r>" (built with append: GCC 12 warns, falsely, on "s" + std::to_string(r) at -O2).
+std::string key_of(int r, const char* prefix = "s") {
+  std::string k = prefix;
   k.append(std::to_string(r));
   return k;
+}
+
+// "'<key>'", as the errors quote keys.
+std::string quoted(const std::string& key) {
+  std::string q = "'";
+  q.append(key).append("'");
+  return q;
 }
 
 double seconds_since(Clock::time_point t0) {
@@ -254,25 +261,35 @@ TEST_CASE("mismatched transfers in both directions at once name the real differe
     td::CollectiveOptions opts;
     opts.timeout = kTimeout;
     opts.async_op = true;
-    // What this rank sends has key "s<rank>"; what it expects to receive has "s<rank>" too,
-    // while the peer sends "s<peer>": both transfers mismatch, at a key each side can name.
+    // This rank sends {"s<rank>"} and expects {"recv<rank>"}: both transfers mismatch, and each
+    // side's error must name the two keys of its own transfer, never one of the other transfer
+    // (the descriptions have different lengths, so a crossed message also truncates).
     TensorDict out;
     out.set(key_of(rank), Tensor::full<float>({2}, 1.f));
     TensorDict in;
-    in.set(key_of(rank), Tensor::zeros({2}, DType::Float32));
-    auto sends = out.send(peer, opts);
-    auto recvs = in.recv(peer, opts);
-    for (auto* works : {&sends, &recvs}) {
+    in.set(key_of(rank, "recv"), Tensor::zeros({2}, DType::Float32));
+    // Started in opposite orders on the two ranks (and alternating by round), so that any
+    // message of one transfer that could match the other's receive gets the chance to.
+    std::vector<td::Work> sends, recvs;
+    if ((rank + round) % 2 == 0) {
+      sends = out.send(peer, opts);
+      recvs = in.recv(peer, opts);
+    } else {
+      recvs = in.recv(peer, opts);
+      sends = out.send(peer, opts);
+    }
+    const std::string send_keys[2] = {quoted(key_of(rank)), quoted(key_of(peer, "recv"))};
+    const std::string recv_keys[2] = {quoted(key_of(peer)), quoted(key_of(rank, "recv"))};
+    for (const bool sending : {true, false}) {
+      const auto& keys = sending ? send_keys : recv_keys;
       try {
-        td::wait_all(*works);
+        td::wait_all(sending ? sends : recvs);
         FAIL("expected a LayoutMismatchError");
       } catch (const td::LayoutMismatchError& e) {
-        INFO(e.what());
-        // The real difference: the sender's key against the receiver's (each side names one).
-        const std::string mine = "'" + key_of(rank) + "'";
-        const std::string theirs = "'" + key_of(peer) + "'";
-        CHECK_THAT(e.what(), Catch::Contains(mine) || Catch::Contains(theirs));
-        CHECK_THAT(e.what(), !Catch::Contains("MPI_ERR"));
+        INFO("round " << round << (sending ? ", send: " : ", recv: ") << e.what());
+        CHECK_THAT(e.what(), Catch::Contains(keys[0]) || Catch::Contains(keys[1]));
+      } catch (const std::exception& e) {
+        FAIL("round " << round << (sending ? ", send: " : ", recv: ") << e.what());
       }
     }
   }
