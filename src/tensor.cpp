@@ -113,7 +113,7 @@ std::atomic<std::uint64_t>& dict_epoch() {
 void TensorAccess::renew_layout_id(Tensor& t) {
   static std::atomic<std::uint64_t> next{1};
   t.layout_id_ = next.fetch_add(1, std::memory_order_relaxed);
-  count_leaf_change(t.leaf_changes_);
+  count_leaf_change(t.leaf_changes_.load(std::memory_order_relaxed));
 }
 
 Tensor TensorAccess::view_of(const Tensor& base, std::int64_t offset, Shape shape) {
@@ -156,7 +156,7 @@ Tensor::Tensor(Tensor&& other) noexcept
       layout_id_(std::exchange(other.layout_id_, 0)) {
   other.shape_.clear();
   other.strides_.clear();
-  detail::count_leaf_change(other.leaf_changes_);
+  detail::count_leaf_change(other.leaf_changes_.load(std::memory_order_relaxed));
 }
 Tensor::~Tensor() = default;
 
@@ -170,12 +170,12 @@ Tensor& Tensor::operator=(const Tensor& other) {
     sparse_ = other.sparse_;
     layout_id_ = other.layout_id_;
   }
-  detail::count_leaf_change(leaf_changes_);
+  detail::count_leaf_change(leaf_changes_.load(std::memory_order_relaxed));
   return *this;
 }
 
 Tensor& Tensor::operator=(Tensor&& other) noexcept {
-  detail::count_leaf_change(leaf_changes_);
+  detail::count_leaf_change(leaf_changes_.load(std::memory_order_relaxed));
   if (this == &other) return *this;
   storage_ = std::move(other.storage_);
   offset_ = std::exchange(other.offset_, 0);
@@ -186,7 +186,7 @@ Tensor& Tensor::operator=(Tensor&& other) noexcept {
   layout_id_ = std::exchange(other.layout_id_, 0);
   other.shape_.clear();
   other.strides_.clear();
-  detail::count_leaf_change(other.leaf_changes_);
+  detail::count_leaf_change(other.leaf_changes_.load(std::memory_order_relaxed));
   return *this;
 }
 

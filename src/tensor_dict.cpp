@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <atomic>
 #include <map>
+#include <mutex>
 #include <ostream>
+#include <set>
 #include <tuple>
 #include <unordered_map>
 
@@ -49,26 +51,39 @@ struct TensorDict::Impl {
   std::atomic<std::uint64_t> leaf_changes{0};
 
   // Canonical-order cache (see DictAccess::canonical): valid while every dict of the tree, in
-  // walk order, is the same object at the same version as when it was built.
+  // walk order, is the same object at the same version as when it was built. Const calls may
+  // run on several threads at once (as for the standard containers), and each builds or checks
+  // the cache: `cache_mutex` guards every field below. `cache` and `cache_keys` are rewritten
+  // only by a rebuild, which only a change of the tree (never concurrent with a const call)
+  // makes necessary, so a caller may read the returned order after the lock is released.
+  std::mutex cache_mutex;
   bool cache_valid = false;
   std::uint64_t cache_generation = 0;  // bumped on every rebuild
   std::vector<std::pair<const Impl*, std::uint64_t>> cache_nodes;
   std::vector<Key> cache_keys;
   std::vector<detail::LeafRef> cache;
-  std::uint64_t leaf_stamp = 0;  // sum of leaf_changes over the tree at the last canonical()
   std::uint64_t epoch_seen = 0;  // detail::dict_epoch() when the cache was last found valid
   std::shared_ptr<detail::LayoutCache> layout_cache;  // owned here, defined by the collectives
+  // Read without the lock by DictAccess (after canonical()), hence atomic.
+  std::atomic<std::uint64_t> published_generation{0};  // cache_generation, 0 while invalid
+  std::atomic<std::uint64_t> leaf_stamp{0};  // sum of leaf_changes over the tree, last check
 
   // Positions of the sub-dicts among `entries`, recomputed when `version` moved on (every
-  // change that can add, remove or replace a sub-dict bumps it).
+  // change that can add, remove or replace a sub-dict bumps it). Computed on first use by
+  // whichever const call walks this dict first (its own canonical() or a parent's): published
+  // through `sub_version` (acquire/release), computed under `subs_mutex`.
+  mutable std::mutex subs_mutex;
   mutable std::vector<std::size_t> sub_positions;
-  mutable std::uint64_t sub_version = ~std::uint64_t{0};
+  mutable std::atomic<std::uint64_t> sub_version{~std::uint64_t{0}};
   const std::vector<std::size_t>& subs() const {
-    if (sub_version != version) {
-      sub_positions.clear();
-      for (std::size_t i = 0; i < entries.size(); ++i)
-        if (std::holds_alternative<TensorDict>(entries[i].value)) sub_positions.push_back(i);
-      sub_version = version;
+    if (sub_version.load(std::memory_order_acquire) != version) {
+      const std::lock_guard lock(subs_mutex);
+      if (sub_version.load(std::memory_order_relaxed) != version) {
+        sub_positions.clear();
+        for (std::size_t i = 0; i < entries.size(); ++i)
+          if (std::holds_alternative<TensorDict>(entries[i].value)) sub_positions.push_back(i);
+        sub_version.store(version, std::memory_order_release);
+      }
     }
     return sub_positions;
   }
@@ -488,19 +503,25 @@ std::uint64_t hash_key(const Key& key) {
 
 LayoutCache& DictAccess::layout_cache(const TensorDict& d) {
   auto& in = const_cast<TensorDict&>(d).impl();
+  const std::lock_guard lock(in.cache_mutex);
   if (!in.layout_cache) in.layout_cache = make_layout_cache();
   return *in.layout_cache;
 }
 
 std::uint64_t DictAccess::canonical_generation(const TensorDict& d) {
-  return d.impl().cache_valid ? d.impl().cache_generation : 0;  // call canonical(d) first
+  return d.impl().published_generation.load(std::memory_order_relaxed);  // canonical(d) first
 }
 
-std::uint64_t DictAccess::leaf_stamp(const TensorDict& d) { return d.impl().leaf_stamp; }
+std::uint64_t DictAccess::leaf_stamp(const TensorDict& d) {
+  return d.impl().leaf_stamp.load(std::memory_order_relaxed);
+}
 
 const std::vector<LeafRef>& DictAccess::canonical(const TensorDict& cd) {
   auto& d = const_cast<TensorDict&>(cd);
   TensorDict::Impl& in = d.impl();
+  // One uncontended lock per call (~20 ns) makes concurrent const calls on one dict safe; the
+  // order it returns stays valid after the unlock (see Impl::cache_mutex).
+  const std::lock_guard lock(in.cache_mutex);
   // Nothing changed in any dict of the process since the last check: the cache is valid without
   // walking the tree (whose nodes, cold in cache, cost ~0.2 us each).
   const std::uint64_t epoch = dict_epoch().load(std::memory_order_relaxed);
@@ -524,11 +545,12 @@ const std::vector<LeafRef>& DictAccess::canonical(const TensorDict& cd) {
     };
     check(check, d);
     if (same && k == in.cache_nodes.size()) {
-      in.leaf_stamp = stamp;
+      in.leaf_stamp.store(stamp, std::memory_order_relaxed);
       return in.cache;
     }
   }
   in.cache_valid = false;  // until rebuilt (the walk throws on a moved-from sub-dict)
+  in.published_generation.store(0, std::memory_order_relaxed);
   in.cache_nodes.clear();
   std::vector<std::pair<Key, Tensor*>> all;
   std::vector<std::string> prefix;
@@ -561,7 +583,8 @@ const std::vector<LeafRef>& DictAccess::canonical(const TensorDict& cd) {
     in.cache.push_back({&in.cache_keys[i], all[i].second, hash_key(in.cache_keys[i])});
   in.cache_valid = true;
   ++in.cache_generation;
-  in.leaf_stamp = stamp;
+  in.published_generation.store(in.cache_generation, std::memory_order_relaxed);
+  in.leaf_stamp.store(stamp, std::memory_order_relaxed);
   return in.cache;
 }
 }  // namespace detail

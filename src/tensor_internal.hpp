@@ -46,7 +46,9 @@ struct TensorAccess {
   static void renew_layout_id(Tensor& t);
   /// Makes t, a leaf of a dict, count its layout changes in *counter (see Tensor::leaf_changes_).
   static void set_leaf_change_counter(Tensor& t, std::atomic<std::uint64_t>* counter) {
-    t.leaf_changes_ = counter;
+    // Concurrent const calls set the same counter: skip the store (and the cache-line write).
+    if (t.leaf_changes_.load(std::memory_order_relaxed) != counter)
+      t.leaf_changes_.store(counter, std::memory_order_relaxed);
   }
   /// How many tensors share t's storage (1: no other tensor can alias it).
   static long storage_use_count(const Tensor& t) { return t.storage_.use_count(); }

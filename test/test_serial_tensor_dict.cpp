@@ -1,6 +1,11 @@
 // TensorDict container semantics (no MPI).
 #include <catch2/catch.hpp>
 
+#include <atomic>
+#include <string>
+#include <thread>
+#include <vector>
+
 #include <tensordict/tensordict.hpp>
 
 using td::Key;
@@ -169,4 +174,51 @@ TEST_CASE("a moved-from dict throws instead of crashing", "[tensordict]") {
   CHECK(ref.numel() == 1);                 // the node moved with the dict
   CHECK_THROWS_AS(d.get("a"), td::Error);  // NOLINT(bugprone-use-after-move): tested on purpose
   CHECK(e.contains("a"));
+}
+
+namespace {
+// A dict with nested sub-dicts and `n` leaves, for the concurrency tests.
+TensorDict nested_dict(int n) {
+  TensorDict d;
+  for (int i = 0; i < n; ++i)
+    d.set({"layer" + std::to_string(i % 7), "p" + std::to_string(i)},
+          Tensor::full<float>({2}, static_cast<float>(i)));
+  return d;
+}
+}  // namespace
+
+// Const methods of one dict may run on several threads at once, as for the standard library's
+// containers: the first canonical order is built under a lock, and a built order is never
+// rebuilt while the dict is not changed (readers hold references into it).
+TEST_CASE("const methods of one dict are safe from several threads at once",
+          "[tensordict][threads]") {
+  for (int round = 0; round < 10; ++round) {
+    const TensorDict d = nested_dict(100);
+    const TensorDict& sub = d.get_dict("layer3");
+    const TensorDict copy = d;
+    // A structural change anywhere moves the process-wide epoch: the next canonical() walks
+    // the tree again (without rebuilding), on every thread at once.
+    std::atomic<bool> go{false};
+    std::atomic<int> failures{0};
+    auto reader = [&](int id) {
+      while (!go.load()) std::this_thread::yield();
+      for (int i = 0; i < 10; ++i) {
+        if (d.canonical_leaves().size() != 100) ++failures;
+        if (!d.equal(copy)) ++failures;
+        if (sub.canonical_leaves().size() != 14) ++failures;  // i % 7 == 3
+        if (d.keys(true, true).size() != 100) ++failures;
+        if (td::to_string(d).empty()) ++failures;
+        if (!(d.clone() == d)) ++failures;
+        if (d.flatten_keys().size() != 100) ++failures;
+        if (td::stack({d, copy}).batch_size() != td::Shape{2}) ++failures;
+        TensorDict temp;  // other dicts changing, as in a training loop
+        temp.set({"t", std::to_string(id)}, Tensor::zeros({1}, td::DType::Int32));
+      }
+    };
+    std::vector<std::thread> threads;
+    for (int id = 0; id < 4; ++id) threads.emplace_back(reader, id);
+    go = true;
+    for (auto& t : threads) t.join();
+    CHECK(failures == 0);
+  }
 }

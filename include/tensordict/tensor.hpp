@@ -156,8 +156,10 @@ class TD_API Tensor {
   // bumped whenever this object's layout changes (any assignment to it, being moved from, a
   // layout id renewed). Lets a dict's collectives see that no leaf changed since the last call
   // without visiting the leaves. Never copied or moved with the tensor: it names where this
-  // object lives, not what it holds. Atomic: two threads may change two leaves of one dict.
-  std::atomic<std::uint64_t>* leaf_changes_ = nullptr;
+  // object lives, not what it holds. The counter is atomic: two threads may change two leaves of
+  // one dict. The pointer is atomic too: const calls on a dict (and on its sub-dicts) from
+  // several threads may each set it, to the same counter, while building their canonical order.
+  std::atomic<std::atomic<std::uint64_t>*> leaf_changes_{nullptr};
 };
 
 /// Prints like torch: tensor([2, 4, 6]), tensor([1., 1.]), with a dtype= suffix where torch prints
