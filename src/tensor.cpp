@@ -56,15 +56,36 @@ Shape contiguous_strides(const Shape& shape) {
   return strides;
 }
 
-std::int64_t shape_numel(const Shape& shape) {
-  std::int64_t n = 1;
-  for (auto s : shape) {
+namespace {
+// The product of `sizes`, a size 0 counted as 1, bounds the element count and every contiguous
+// stride: checking it once keeps every later product of sizes (strides, offsets, numel) free of
+// signed overflow. Errors name `shape`, the shape the caller was given.
+std::int64_t checked_numel(const Shape& sizes, const Shape& shape) {
+  std::int64_t bound = 1;
+  bool has_zero = false;
+  for (auto s : sizes) {
     if (s < 0)
       throw std::invalid_argument(
           fmt::format("negative size in shape [{}]", fmt::join(shape, ", ")));
-    n *= s;
+    has_zero = has_zero || s == 0;
+    if (__builtin_mul_overflow(bound, std::max<std::int64_t>(s, 1), &bound))
+      throw std::invalid_argument(fmt::format(
+          "shape [{}] has more elements than an int64 can count", fmt::join(shape, ", ")));
   }
-  return n;
+  return has_zero ? 0 : bound;
+}
+}  // namespace
+
+std::int64_t shape_numel(const Shape& shape) { return checked_numel(shape, shape); }
+
+std::size_t shape_nbytes(const Shape& shape, DType dtype) {
+  const std::int64_t n = shape_numel(shape);
+  std::int64_t bytes = 0;  // at most PTRDIFF_MAX: pointer differences inside it must be defined
+  if (__builtin_mul_overflow(n, static_cast<std::int64_t>(itemsize(dtype)), &bytes) ||
+      bytes > PTRDIFF_MAX)
+    throw std::invalid_argument(fmt::format("shape [{}] of {} needs more bytes than fit in memory",
+                                            fmt::join(shape, ", "), name(dtype)));
+  return static_cast<std::size_t>(bytes);
 }
 
 void strided_copy(std::byte* dst, const Shape& dst_strides, const std::byte* src,
@@ -192,8 +213,7 @@ Tensor& Tensor::operator=(Tensor&& other) noexcept {
 
 Tensor Tensor::empty(Shape shape, DType dtype) {
   Tensor t;
-  const std::int64_t n = shape_numel(shape);
-  t.storage_ = std::make_shared<detail::Storage>(static_cast<std::size_t>(n) * itemsize(dtype));
+  t.storage_ = std::make_shared<detail::Storage>(detail::shape_nbytes(shape, dtype));
   t.dtype_ = dtype;
   t.strides_ = contiguous_strides(shape);
   t.shape_ = std::move(shape);
@@ -282,6 +302,18 @@ Eigen::Index Tensor::contiguous_numel(const char* what) const {
   return static_cast<Eigen::Index>(numel());
 }
 
+void Tensor::check_matrix() const {
+  contiguous_numel("matrix()");
+  if (dim() != 2) throw Error(fmt::format("matrix() needs a 2-D tensor, got {} dims", dim()));
+}
+
+void Tensor::check_single_element() const {
+  if (numel() != 1)
+    throw std::invalid_argument(
+        fmt::format("item() needs a tensor with one element, got shape [{}] ({} elements)",
+                    fmt::join(shape(), ", "), numel()));
+}
+
 Tensor Tensor::clone() const {
   require_defined(*this);
   if (sparse_) return sparse_coo(sparse_->indices.clone(), sparse_->values.clone(), shape_);
@@ -335,17 +367,23 @@ Tensor Tensor::slice(std::int64_t d, std::int64_t start, std::int64_t stop,
 Tensor Tensor::view(Shape shape) const {
   check_dense("view()");
   if (!is_contiguous()) throw Error("view() needs a contiguous tensor; call contiguous() first");
-  std::int64_t known = 1;
   int infer = -1;
   for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (shape[i] == -1) {
-      if (infer >= 0) throw std::invalid_argument("view: only one dimension can be -1");
-      infer = static_cast<int>(i);
-    } else {
-      known *= shape[i];
-    }
+    if (shape[i] != -1) continue;
+    if (infer >= 0)
+      throw std::invalid_argument(
+          fmt::format("view: only one dimension can be -1 in [{}]", fmt::join(shape, ", ")));
+    infer = static_cast<int>(i);
   }
-  if (infer >= 0 && known > 0) shape[static_cast<std::size_t>(infer)] = numel() / known;
+  if (infer >= 0) {
+    Shape known_dims = shape;
+    known_dims[static_cast<std::size_t>(infer)] = 1;
+    const std::int64_t known = detail::checked_numel(known_dims, shape);
+    if (known == 0)
+      throw std::invalid_argument(fmt::format(
+          "view: the -1 in [{}] is ambiguous with a size-0 dimension", fmt::join(shape, ", ")));
+    shape[static_cast<std::size_t>(infer)] = numel() / known;
+  }
   if (shape_numel(shape) != numel())
     throw std::invalid_argument(fmt::format("view: shape [{}] is invalid for {} elements",
                                             fmt::join(shape, ", "), numel()));
@@ -413,7 +451,7 @@ Tensor Tensor::sparse_coo(Tensor indices, Tensor values, Shape shape) {
     throw std::invalid_argument(
         fmt::format("sparse_coo: values must be 1-D with {} elements, got [{}]", nnz,
                     fmt::join(values.shape(), ", ")));
-  shape_numel(shape);
+  detail::shape_nbytes(shape, values.dtype());  // its dense form must be addressable
   const auto idx = indices.to_vector<std::int64_t>();
   for (std::int64_t d = 0; d < ndim; ++d)
     for (std::int64_t j = 0; j < nnz; ++j) {

@@ -74,8 +74,12 @@ inline void count_leaf_change(std::atomic<std::uint64_t>* counter) {
 
 /// Row-major strides of a contiguous tensor of `shape`.
 Shape contiguous_strides(const Shape& shape);
-/// Product of the sizes (1 for a 0-d shape); throws std::invalid_argument on a negative size.
+/// Product of the sizes (1 for a 0-d shape); throws std::invalid_argument naming the shape on a
+/// negative size, or when the product (a size 0 counted as 1, so every stride) overflows int64.
 std::int64_t shape_numel(const Shape& shape);
+/// Bytes of a contiguous tensor of `shape` and `dtype`; throws std::invalid_argument naming the
+/// shape when they exceed PTRDIFF_MAX (or shape_numel throws).
+std::size_t shape_nbytes(const Shape& shape, DType dtype);
 
 /// Copies a strided region element by element into another strided region of the same shape.
 void strided_copy(std::byte* dst, const Shape& dst_strides, const std::byte* src,

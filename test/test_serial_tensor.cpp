@@ -1,7 +1,11 @@
 // Tensor containers: factories, views, formatting (no MPI).
 #include <catch2/catch.hpp>
 
+#include <cstdint>
 #include <sstream>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
 
 #include <tensordict/tensordict.hpp>
 
@@ -187,3 +191,99 @@ TEST_CASE("large storages are 2 MiB aligned and advised for huge pages", "[tenso
   CHECK(reinterpret_cast<std::uintptr_t>(small.raw_data()) % 64 == 0);
 }
 #endif
+
+TEST_CASE("shapes whose element count or byte size overflows are rejected", "[tensor]") {
+  const td::Shape huge{1LL << 32, 1LL << 32};  // 2^64 elements: the product wraps to 0
+  auto message = [](auto&& fn) {
+    try {
+      fn();
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no std::invalid_argument");
+  };
+  CHECK_THAT(message([&] { Tensor::zeros(huge, DType::Float32); }),
+             Catch::Matchers::Contains("[4294967296, 4294967296]"));
+  CHECK_THROWS_AS(Tensor::empty(huge, DType::Int8), std::invalid_argument);
+  CHECK_THROWS_AS(Tensor::full<float>(huge, 1.f), std::invalid_argument);
+  CHECK_THROWS_AS(Tensor::from_vector<float>({1.f}, huge), std::invalid_argument);
+  CHECK_THROWS_AS(Tensor::empty({1LL << 62, 4}, DType::Int8), std::invalid_argument);
+  CHECK_THROWS_AS(Tensor::empty({3, 1LL << 62}, DType::Int8), std::invalid_argument);
+  // the element count fits, the bytes do not
+  CHECK_THAT(message([&] { Tensor::empty({1LL << 61}, DType::Float64); }),
+             Catch::Matchers::Contains("[2305843009213693952]"));
+  CHECK_THROWS_AS(Tensor::empty({INT64_MAX}, DType::Int16), std::invalid_argument);
+  // negative sizes
+  CHECK_THAT(message([&] {
+               Tensor::zeros({2, -3}, DType::Float32);
+             }),
+             Catch::Matchers::Contains("[2, -3]"));
+  // a size 0 does not hide an overflow of the other sizes (the strides would overflow)
+  CHECK_THROWS_AS(Tensor::empty({0, 1LL << 32, 1LL << 32}, DType::Float32), std::invalid_argument);
+  CHECK(Tensor::empty({0, 1LL << 20, 1LL << 20}, DType::Float32).numel() == 0);
+  // views and sparse shapes
+  Tensor t = Tensor::zeros({4}, DType::Float32);
+  CHECK_THAT(message([&] {
+               t.view({1LL << 32, 1LL << 32, 0, -1});
+             }),
+             Catch::Matchers::Contains("[4294967296, 4294967296, 0, -1]"));
+  CHECK_THROWS_AS(t.view({1LL << 32, 1LL << 32}), std::invalid_argument);
+  CHECK_THROWS_AS(t.view({-1, -2}), std::invalid_argument);
+  CHECK_THROWS_AS(t.view({-1, -1}), std::invalid_argument);
+  CHECK(t.view({2, -1}).shape() == td::Shape{2, 2});
+  CHECK(Tensor::zeros({0}, DType::Float32).view({-1}).shape() == td::Shape{0});
+  CHECK_THROWS_AS(Tensor::sparse_coo(Tensor::zeros({2, 0}, DType::Int64),
+                                     Tensor::zeros({0}, DType::Float32), huge),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(td::TensorDict(huge), std::invalid_argument);
+}
+
+TEST_CASE("item() reads the one element of a single-element tensor", "[tensor]") {
+  CHECK(Tensor::full<std::int64_t>({}, 5).item<std::int64_t>() == 5);
+  CHECK(Tensor::full<float>({1, 1, 1}, 2.5f).item<float>() == 2.5f);
+  const Tensor m = Tensor::from_vector<double>({1, 2, 3, 4, 5, 6}, {2, 3});
+  CHECK(m.slice(0, 1, 2).slice(1, 2, 3).item<double>() == 6.0);  // a strided view
+  CHECK(Tensor::from_vector<bool>({true}).item<bool>());
+  CHECK(Tensor::sparse_coo(Tensor::from_vector<std::int64_t>({0, 0}, {1, 2}),
+                           Tensor::from_vector<float>({1, 2}), {1})
+            .item<float>() == 3.f);
+  CHECK_THAT(
+      [&] {
+        try {
+          (void)m.item<double>();
+        } catch (const std::invalid_argument& e) {
+          return std::string(e.what());
+        }
+        return std::string();
+      }(),
+      Catch::Matchers::Contains("[2, 3]"));
+  CHECK_THROWS_AS(Tensor::zeros({0}, DType::Float32).item<float>(), std::invalid_argument);
+  CHECK_THROWS_AS(Tensor::full<float>({}, 1.f).item<double>(), td::Error);
+}
+
+TEST_CASE("Eigen maps of a const tensor are read-only", "[tensor]") {
+  td::TensorDict d;
+  d.set("w", Tensor::from_vector<float>({3, 0, 0, 4}, {2, 2}));
+  const td::TensorDict& cd = d;
+  const Tensor& t = cd.get("w");
+  CHECK(t.matrix<float>().norm() == Approx(5.0));
+  CHECK(t.array<float>().sum() == 7.f);
+  static_assert(
+      std::is_same_v<
+          decltype(t.matrix<float>()),
+          Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>>);
+  static_assert(std::is_same_v<decltype(t.array<float>()),
+                               Eigen::Map<const Eigen::Array<float, Eigen::Dynamic, 1>>>);
+  static_assert(!std::is_assignable_v<decltype(t.array<float>()(0)), float>);
+  static_assert(!std::is_assignable_v<decltype(t.matrix<float>()(0, 0)), float>);
+  // the non-const maps still write
+  Tensor& w = d.get("w");
+  w.matrix<float>()(0, 1) = 1.f;
+  w.array<float>() += 1.f;
+  CHECK(t.to_vector<float>() == std::vector<float>{4, 2, 1, 5});
+  CHECK_THROWS_AS(t.transpose(0, 1).matrix<float>(), td::Error);
+  CHECK_THROWS_AS(Tensor::zeros({3}, DType::Float32).matrix<float>(), td::Error);
+  const Tensor v = Tensor::zeros({3}, DType::Float32);
+  CHECK_THROWS_AS(v.matrix<float>(), td::Error);
+  CHECK_THROWS_AS(v.array<double>(), td::Error);
+}

@@ -92,12 +92,22 @@ class TD_API Tensor {
   /// The elements in logical row-major order, whatever the strides.
   template <class T>
   std::vector<T> to_vector() const;
+  /// The one element of a tensor with numel() == 1 (any shape); std::invalid_argument otherwise.
+  template <class T>
+  T item() const;
   /// A flat Eigen array over a contiguous tensor's elements (throws if not contiguous).
   template <class T>
   Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> array();
+  /// A read-only flat Eigen array over a contiguous tensor's elements (throws if not contiguous).
+  template <class T>
+  Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>> array() const;
   /// A row-major Eigen matrix over a contiguous 2-D tensor (throws otherwise).
   template <class T>
   Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>> matrix();
+  /// A read-only row-major Eigen matrix over a contiguous 2-D tensor (throws otherwise).
+  template <class T>
+  Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>> matrix()
+      const;
 
   /// A deep copy with contiguous storage.
   Tensor clone() const;
@@ -138,6 +148,8 @@ class TD_API Tensor {
   void check_dense(const char* what) const;
   void copy_out(void* dst) const;  // logical row-major order
   Eigen::Index contiguous_numel(const char* what) const;
+  void check_matrix() const;  // contiguous and 2-D
+  void check_single_element() const;
 
   // Invariants: storage_ is null only for an undefined or sparse tensor; shape_ and strides_
   // have the same length; every element offset_ + sum(i_k * strides_[k]) lies inside storage_.
@@ -220,16 +232,37 @@ std::vector<T> Tensor::to_vector() const {
 }
 
 template <class T>
+T Tensor::item() const {
+  check_dtype(dtype_of<T>);
+  check_single_element();
+  if (is_sparse()) return to_dense().item<T>();
+  return *data<T>();
+}
+
+template <class T>
 Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> Tensor::array() {
   Eigen::Index n = contiguous_numel("array()");
   return Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>(data<T>(), n);
 }
 
 template <class T>
+Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>> Tensor::array() const {
+  Eigen::Index n = contiguous_numel("array()");
+  return Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(data<T>(), n);
+}
+
+template <class T>
 Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>> Tensor::matrix() {
-  contiguous_numel("matrix()");
-  if (dim() != 2) throw Error(fmt::format("matrix() needs a 2-D tensor, got {} dims", dim()));
+  check_matrix();
   return Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
+      data<T>(), shape()[0], shape()[1]);
+}
+
+template <class T>
+Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>> Tensor::matrix()
+    const {
+  check_matrix();
+  return Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
       data<T>(), shape()[0], shape()[1]);
 }
 
