@@ -130,45 +130,91 @@ TensorDict::Impl& TensorDict::impl() {
 const TensorDict::Impl& TensorDict::impl() const { return const_cast<TensorDict*>(this)->impl(); }
 
 namespace {
-[[noreturn]] void missing(const Key& key, std::size_t depth, const char* what) {
-  throw KeyError(fmt::format(
-      "key '{}' not found{}{}", key.str(),
-      depth + 1 < key.parts().size()
-          ? fmt::format(" ('{}' is not a sub-dict)",
-                        Key(std::vector<std::string>(
-                                key.parts().begin(),
-                                key.parts().begin() + static_cast<std::ptrdiff_t>(depth) + 1))
-                            .str())
-          : "",
-      what));
+// The first `n` names of `key`, printed as Key::str() does (for messages).
+std::string prefix_str(const Key& key, std::size_t n) {
+  const auto& parts = key.parts();
+  return Key(std::vector<std::string>(parts.begin(),
+                                      parts.begin() + static_cast<std::ptrdiff_t>(n)))
+      .str();
+}
+
+// Why a walk along a key stopped at one of its names.
+enum class Stop { Absent, AtTensor };
+
+// The KeyError for `key`, whose name number `depth` is absent or, with more names after it, a
+// tensor: the message says which, so "a.b" missing because "a" does not exist and because "a"
+// is a leaf read differently.
+[[noreturn]] void missing(const Key& key, std::size_t depth, Stop why) {
+  std::string reason;
+  if (depth + 1 < key.parts().size())
+    reason = fmt::format(" ('{}' {})", prefix_str(key, depth + 1),
+                         why == Stop::Absent ? "does not exist" : "is a tensor, not a sub-dict");
+  throw KeyError(fmt::format("key '{}' not found{}", key.str(), reason));
 }
 }  // namespace
 
+// Walks that TensorDict's members share (nested in TensorDict, so they may use impl()).
+struct TensorDict::Walk {
+  // The dict holding key's last name; td::KeyError with the exact reason if the path is broken.
+  static TensorDict& parent(TensorDict& root, const Key& key) {
+    TensorDict* d = &root;
+    const auto& parts = key.parts();
+    for (std::size_t i = 0; i + 1 < parts.size(); ++i) {
+      Impl::Entry* e = d->impl().find(parts[i]);
+      if (!e) missing(key, i, Stop::Absent);
+      d = std::get_if<TensorDict>(&e->value);
+      if (!d) missing(key, i, Stop::AtTensor);
+    }
+    return *d;
+  }
+
+  // The deepest existing dict on the way to key's last name and how many names lead to it,
+  // changing nothing; td::KeyError if a name before the last holds a tensor.
+  static std::pair<TensorDict*, std::size_t> existing_prefix(TensorDict& root, const Key& key) {
+    TensorDict* d = &root;
+    const auto& parts = key.parts();
+    std::size_t i = 0;
+    for (; i + 1 < parts.size(); ++i) {
+      Impl::Entry* e = d->impl().find(parts[i]);
+      if (!e) break;
+      d = std::get_if<TensorDict>(&e->value);
+      if (!d)
+        throw KeyError(fmt::format("set('{}'): '{}' holds a tensor, not a sub-dict", key.str(),
+                                   prefix_str(key, i + 1)));
+    }
+    return {d, i};
+  }
+
+  // Creates the sub-dicts for key's names [from, last) below `d` (which holds name `from - 1`),
+  // each inheriting its parent's batch size; returns the dict that will hold the last name.
+  static TensorDict& create_path(TensorDict& d, const Key& key, std::size_t from) {
+    TensorDict* cur = &d;
+    const auto& parts = key.parts();
+    for (std::size_t i = from; i + 1 < parts.size(); ++i) {
+      Impl& in = cur->impl();
+      in.entries.push_back({parts[i], TensorDict(in.batch_size)});
+      in.index.emplace(parts[i], in.entries.size() - 1);
+      in.version = next_dict_version();
+      cur = &std::get<TensorDict>(in.entries.back().value);
+    }
+    return *cur;
+  }
+};
+
+// Both set()s check everything before they change anything, so a failing set leaves the dict as
+// it was: the created sub-dicts would inherit the batch size of the deepest existing dict.
 TensorDict& TensorDict::set(const Key& key, Tensor value) {
   if (!value.defined())
     throw std::invalid_argument(fmt::format("set('{}'): undefined tensor", key.str()));
-  TensorDict* d = this;
-  const auto& parts = key.parts();
-  for (std::size_t i = 0; i + 1 < parts.size(); ++i) {
-    Impl::Entry* e = d->impl().find(parts[i]);
-    if (!e) {
-      d->impl().entries.push_back({parts[i], TensorDict(d->impl().batch_size)});
-      d->impl().index.emplace(parts[i], d->impl().entries.size() - 1);
-      d->impl().version = next_dict_version();
-      e = &d->impl().entries.back();
-    } else if (!std::holds_alternative<TensorDict>(e->value)) {
-      throw KeyError(
-          fmt::format("set('{}'): '{}' holds a tensor, not a sub-dict", key.str(), parts[i]));
-    }
-    d = &std::get<TensorDict>(e->value);
-  }
-  const Shape& bs = d->impl().batch_size;
+  auto [deepest, depth] = Walk::existing_prefix(*this, key);
+  const Shape& bs = deepest->impl().batch_size;
   if (!starts_with(value.shape(), bs))
     throw std::invalid_argument(
         fmt::format("set('{}'): tensor of shape {} does not start with the batch size {}",
                     key.str(), shape_str(value.shape()), shape_str(bs)));
-  Impl& in = d->impl();
-  if (Impl::Entry* e = in.find(parts.back())) {
+  Impl& in = Walk::create_path(*deepest, key, depth).impl();
+  const std::string& last = key.parts().back();
+  if (Impl::Entry* e = in.find(last)) {
     if (std::holds_alternative<Tensor>(e->value)) {
       std::get<Tensor>(e->value) = std::move(value);  // same node: cached pointers stay valid
     } else {
@@ -176,86 +222,47 @@ TensorDict& TensorDict::set(const Key& key, Tensor value) {
       in.version = next_dict_version();
     }
   } else {
-    in.entries.push_back({parts.back(), std::move(value)});
-    in.index.emplace(parts.back(), in.entries.size() - 1);
+    in.entries.push_back({last, std::move(value)});
+    in.index.emplace(last, in.entries.size() - 1);
     in.version = next_dict_version();
   }
   return *this;
 }
 
 TensorDict& TensorDict::set(const Key& key, TensorDict value) {
-  const auto& parts = key.parts();
-  TensorDict* parent = this;
-  if (parts.size() > 1) {
-    std::vector<std::string> head(parts.begin(), parts.end() - 1);
-    if (!contains(Key(head))) {
-      // create the intermediate dicts through the tensor path's logic
-      TensorDict* d = this;
-      for (const auto& p : head) {
-        Impl::Entry* e = d->impl().find(p);
-        if (!e) {
-          d->impl().entries.push_back({p, TensorDict(d->impl().batch_size)});
-          d->impl().index.emplace(p, d->impl().entries.size() - 1);
-          d->impl().version = next_dict_version();
-          e = &d->impl().entries.back();
-        } else if (!std::holds_alternative<TensorDict>(e->value)) {
-          throw KeyError(
-              fmt::format("set('{}'): '{}' holds a tensor, not a sub-dict", key.str(), p));
-        }
-        d = &std::get<TensorDict>(e->value);
-      }
-    }
-    parent = &get_dict(Key(head));
-  }
-  if (!starts_with(value.batch_size(), parent->batch_size()))
+  auto [deepest, depth] = Walk::existing_prefix(*this, key);
+  const Shape& bs = deepest->impl().batch_size;
+  if (!starts_with(value.batch_size(), bs))
     throw std::invalid_argument(
         fmt::format("set('{}'): sub-dict batch size {} does not start with {}", key.str(),
-                    shape_str(value.batch_size()), shape_str(parent->batch_size())));
-  Impl& in = parent->impl();
-  if (Impl::Entry* e = in.find(parts.back())) {
+                    shape_str(value.batch_size()), shape_str(bs)));
+  Impl& in = Walk::create_path(*deepest, key, depth).impl();
+  const std::string& last = key.parts().back();
+  if (Impl::Entry* e = in.find(last)) {
     e->value = std::move(value);
   } else {
-    in.entries.push_back({parts.back(), std::move(value)});
-    in.index.emplace(parts.back(), in.entries.size() - 1);
+    in.entries.push_back({last, std::move(value)});
+    in.index.emplace(last, in.entries.size() - 1);
   }
   in.version = next_dict_version();
   return *this;
 }
 
 Tensor& TensorDict::get(const Key& key) {
-  TensorDict* d = this;
-  const auto& parts = key.parts();
-  for (std::size_t i = 0; i < parts.size(); ++i) {
-    Impl::Entry* e = d->impl().find(parts[i]);
-    if (!e) missing(key, i, "");
-    if (i + 1 == parts.size()) {
-      if (auto* t = std::get_if<Tensor>(&e->value)) return *t;
-      throw KeyError(fmt::format("key '{}' is a sub-dict, not a tensor (use get_dict)", key.str()));
-    }
-    d = std::get_if<TensorDict>(&e->value);
-    if (!d) missing(key, i, "");
-  }
-  __builtin_unreachable();
+  Impl::Entry* e = Walk::parent(*this, key).impl().find(key.parts().back());
+  if (!e) missing(key, key.parts().size() - 1, Stop::Absent);
+  if (auto* t = std::get_if<Tensor>(&e->value)) return *t;
+  throw KeyError(fmt::format("key '{}' is a sub-dict, not a tensor (use get_dict)", key.str()));
 }
 const Tensor& TensorDict::get(const Key& key) const {
   return const_cast<TensorDict*>(this)->get(key);
 }
 
 TensorDict& TensorDict::get_dict(const Key& key) {
-  TensorDict* d = this;
-  const auto& parts = key.parts();
-  for (std::size_t i = 0; i < parts.size(); ++i) {
-    Impl::Entry* e = d->impl().find(parts[i]);
-    if (!e) missing(key, i, "");
-    d = std::get_if<TensorDict>(&e->value);
-    if (!d)
-      throw KeyError(
-          fmt::format("key '{}' is a tensor, not a sub-dict (use get)",
-                      Key(std::vector<std::string>(
-                              parts.begin(), parts.begin() + static_cast<std::ptrdiff_t>(i) + 1))
-                          .str()));
-  }
-  return *d;
+  Impl::Entry* e = Walk::parent(*this, key).impl().find(key.parts().back());
+  if (!e) missing(key, key.parts().size() - 1, Stop::Absent);
+  if (auto* d = std::get_if<TensorDict>(&e->value)) return *d;
+  throw KeyError(fmt::format("key '{}' is a tensor, not a sub-dict (use get)", key.str()));
 }
 const TensorDict& TensorDict::get_dict(const Key& key) const {
   return const_cast<TensorDict*>(this)->get_dict(key);
@@ -276,25 +283,16 @@ bool TensorDict::contains(const Key& key) const {
 
 bool TensorDict::is_dict(const Key& key) const {
   if (!contains(key)) return false;
-  if (key.parts().size() == 1)
-    return std::holds_alternative<TensorDict>(
-        const_cast<Impl&>(impl()).find(key.parts()[0])->value);
-  std::vector<std::string> head(key.parts().begin(), key.parts().end() - 1);
-  return get_dict(Key(head)).is_dict(Key(key.parts().back()));
+  const TensorDict& parent = Walk::parent(const_cast<TensorDict&>(*this), key);
+  const Impl::Entry* e = const_cast<Impl&>(parent.impl()).find(key.parts().back());
+  return std::holds_alternative<TensorDict>(e->value);
 }
 
 TensorDict& TensorDict::erase(const Key& key) {
-  TensorDict* parent = this;
-  if (key.parts().size() > 1) {
-    std::vector<std::string> head(key.parts().begin(), key.parts().end() - 1);
-    if (!contains(Key(head)) || !is_dict(Key(head))) missing(key, key.parts().size() - 1, "");
-    parent = &get_dict(Key(head));
-  }
-  Impl& in = parent->impl();
-  auto it = std::find_if(in.entries.begin(), in.entries.end(),
-                         [&](const Impl::Entry& e) { return e.name == key.parts().back(); });
-  if (it == in.entries.end()) missing(key, key.parts().size() - 1, "");
-  in.entries.erase(it);
+  Impl& in = Walk::parent(*this, key).impl();
+  auto it = in.index.find(key.parts().back());
+  if (it == in.index.end()) missing(key, key.parts().size() - 1, Stop::Absent);
+  in.entries.erase(in.entries.begin() + static_cast<std::ptrdiff_t>(it->second));
   in.rebuild_index();
   in.version = next_dict_version();
   return *this;
@@ -363,7 +361,7 @@ TensorDict TensorDict::clone() const {
 
 TensorDict TensorDict::flatten_keys(const std::string& sep) const {
   TensorDict out(impl().batch_size);
-  for (const auto& [k, t] : items()) out.set(Key(k.str(sep)), t);
+  for (const auto& [k, t] : items()) out.set(Key(fmt::format("{}", fmt::join(k.parts(), sep))), t);
   return out;
 }
 
@@ -388,8 +386,7 @@ TensorDict TensorDict::unflatten_keys(const std::string& sep) const {
 TensorDict TensorDict::select(const std::vector<Key>& ks) const {
   TensorDict out(impl().batch_size);
   for (const Key& k : ks) {
-    if (!contains(k)) missing(k, k.parts().size() - 1, "");
-    if (is_dict(k)) {
+    if (is_dict(k)) {  // otherwise get() throws td::KeyError saying why k is absent
       out.set(k, get_dict(k));
     } else {
       out.set(k, get(k));

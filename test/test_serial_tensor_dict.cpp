@@ -222,3 +222,33 @@ TEST_CASE("const methods of one dict are safe from several threads at once",
     CHECK(failures == 0);
   }
 }
+
+TEST_CASE("a failing nested set leaves the dict unchanged", "[tensordict]") {
+  TensorDict d({4});
+  d.set("x", Tensor::zeros({4}, td::DType::Float32));
+  d.set({"sub", "y"}, Tensor::zeros({4}, td::DType::Float32));
+  const std::string before = td::to_string(d);
+  const auto keys_before = d.keys(true);
+  // batch size: the sub-dicts "p" and "p.q" would have been created
+  CHECK_THROWS_AS(d.set({"p", "q", "r"}, Tensor::zeros({3}, td::DType::Float32)),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(d.set({"sub", "q", "r"}, Tensor::zeros({3}, td::DType::Float32)),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(d.set({"p", "q"}, TensorDict({3})), std::invalid_argument);
+  // a tensor on the path
+  CHECK_THROWS_AS(d.set({"x", "q", "r"}, Tensor::zeros({4}, td::DType::Float32)), td::KeyError);
+  CHECK_THROWS_AS(d.set({"sub", "y", "r"}, TensorDict({4})), td::KeyError);
+  // an undefined tensor
+  CHECK_THROWS_AS(d.set({"p", "q"}, Tensor()), std::invalid_argument);
+  CHECK_FALSE(d.contains("p"));
+  CHECK_FALSE(d.contains({"sub", "q"}));
+  CHECK(d.keys(true) == keys_before);
+  CHECK(td::to_string(d) == before);
+  CHECK(d.canonical_leaves().size() == 2);
+  // the same calls with valid values create the path, inheriting the batch size
+  d.set({"p", "q", "r"}, Tensor::zeros({4, 2}, td::DType::Float32));
+  CHECK(d.get_dict({"p", "q"}).batch_size() == td::Shape{4});
+  d.set({"s", "t"}, TensorDict({4, 2}));
+  CHECK(d.get_dict("s").batch_size() == td::Shape{4});
+  CHECK(d.canonical_leaves().size() == 3);
+}

@@ -3,6 +3,7 @@
 
 #include <initializer_list>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tensordict/export.hpp"
@@ -21,9 +22,16 @@ struct TD_API Key {
   /// A nested key, outermost name first.
   explicit Key(std::vector<std::string> parts);
 
+  /// Splits `path` at every `sep` ("a.b" -> {"a", "b"}). Nothing is unescaped: parse() is the
+  /// inverse of str() only for names that str() prints unquoted. An empty name (an empty path,
+  /// two separators in a row, a separator at either end) throws std::invalid_argument.
+  static Key parse(std::string_view path, char sep = '.');
+
   /// The names, outermost first.
   const std::vector<std::string>& parts() const;
-  /// The names joined by `sep` ("a.b.c").
+  /// The names joined by `sep`, unambiguously: a name that is empty or contains `sep`, '.', '/',
+  /// '"', '\\' or a control character is written in double quotes with C escapes, so {"a.b"}
+  /// prints "a.b" (with the quotes) and {"a", "b"} prints a.b. Every message and print uses it.
   std::string str(const std::string& sep = ".") const;
 
   /// Lexicographic comparison of the parts: the canonical leaf order.

@@ -147,6 +147,7 @@ class TD_API TensorDict {
  private:
   friend struct detail::DictAccess;
   struct Impl;
+  struct Walk;
   Impl& impl();
   const Impl& impl() const;
   std::unique_ptr<Impl> impl_;
