@@ -461,12 +461,37 @@ TensorDict& TensorDict::consolidate() {
   return *this;
 }
 
+bool TensorDict::is_consolidated() const {
+  // What consolidate() makes: per dtype, every dense leaf a contiguous view of one storage, the
+  // leaves back to back in canonical order, a key aliasing an earlier leaf's region skipped.
+  struct Run {
+    const void* storage;
+    std::int64_t next;  // element offset where the next leaf must start
+  };
+  std::map<DType, Run> runs;
+  using Region = std::tuple<const void*, Shape, Shape, DType>;
+  std::set<Region> seen;
+  for (const auto& ref : detail::DictAccess::canonical(*this)) {
+    const Tensor& t = *ref.tensor;
+    if (t.is_sparse()) continue;
+    Region r{t.raw_data(), t.shape(), t.strides(), t.dtype()};
+    if (seen.contains(r)) continue;
+    if (!t.is_contiguous()) return false;
+    const void* storage = detail::TensorAccess::storage(t);
+    Run& run = runs.try_emplace(t.dtype(), Run{storage, t.storage_offset()}).first->second;
+    if (run.storage != storage || run.next != t.storage_offset()) return false;
+    run.next += t.numel();
+    seen.insert(std::move(r));
+  }
+  return true;
+}
+
 namespace {
 void print_dict(std::string& out, const TensorDict& d, int indent) {
   const std::string pad(static_cast<std::size_t>(indent), ' ');
   out += "TensorDict(\n" + pad + "    fields={\n";
   for (const Key& k : d.keys()) {
-    out += pad + "        " + k.parts()[0] + ": ";
+    out += pad + "        " + k.str() + ": ";  // quoted as in messages where needed
     if (d.is_dict(k)) {
       print_dict(out, d.get_dict(k), indent + 8);
     } else {

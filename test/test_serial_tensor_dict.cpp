@@ -252,3 +252,40 @@ TEST_CASE("a failing nested set leaves the dict unchanged", "[tensordict]") {
   CHECK(d.get_dict("s").batch_size() == td::Shape{4});
   CHECK(d.canonical_leaves().size() == 3);
 }
+
+TEST_CASE("is_consolidated: each dtype's dense leaves back to back in one storage",
+          "[tensordict]") {
+  TensorDict d;
+  CHECK(d.is_consolidated());  // nothing to move
+  d.set("b", Tensor::from_vector<float>({3, 4}));
+  d.set("a", Tensor::from_vector<float>({1, 2}));
+  d.set("i", Tensor::from_vector<std::int64_t>({5}));
+  d.set({"n", "t"}, Tensor::from_vector<float>({1, 2, 3, 4}, {2, 2}).transpose(0, 1));
+  d.set("alias", d.get("a"));
+  d.set("s", Tensor::sparse_coo(Tensor::from_vector<std::int64_t>({0}, {1, 1}),
+                                Tensor::from_vector<float>({1}), {3}));
+  CHECK_FALSE(d.is_consolidated());
+  d.consolidate();
+  CHECK(d.is_consolidated());
+  // a leaf moved out of its slot, replaced by a copy, or made non-contiguous: no longer
+  TensorDict swapped = d;
+  std::swap(swapped.get("a"), swapped.get("b"));  // both in one storage, wrong order
+  CHECK_FALSE(swapped.is_consolidated());
+  TensorDict copied = d;
+  copied.set("b", d.get("b").clone());
+  CHECK_FALSE(copied.is_consolidated());
+  TensorDict strided = d;
+  strided.set({"n", "t"}, d.get({"n", "t"}).transpose(0, 1));
+  CHECK_FALSE(strided.is_consolidated());
+  // a single contiguous leaf per dtype is consolidated; so is a prefix of a consolidated dict
+  TensorDict one;
+  one.set("x", Tensor::zeros({3}, td::DType::Float32));
+  one.set("y", Tensor::zeros({3}, td::DType::Int32));
+  CHECK(one.is_consolidated());
+  TensorDict prefix = d;
+  prefix.erase({"n", "t"});
+  CHECK(prefix.is_consolidated());
+  TensorDict gap = d;
+  gap.erase("b");  // a, then a hole where b was, then n.t
+  CHECK_FALSE(gap.is_consolidated());
+}

@@ -87,6 +87,9 @@ class TD_API TensorDict {
   /// Moves every dense leaf of one dtype into one contiguous storage, in canonical order; leaves
   /// become views into it, so bucketed collectives run on that storage without copies.
   TensorDict& consolidate();
+  /// Whether consolidate() would move nothing: per dtype, the dense leaves are contiguous and lie
+  /// back to back in canonical order in one storage (keys sharing a leaf's region count once).
+  bool is_consolidated() const;
   /// Same keys (any insertion order), same batch size, and equal() leaves.
   bool equal(const TensorDict& other) const;
   /// Same as equal().
