@@ -4,7 +4,7 @@
 # test_mpi_divergence.<N>ranks: randomized rounds at 2 and 3 ranks (test/test_mpi_divergence.cpp).
 # Its watchdog ends a hung job after 20 s in one phase; the TIMEOUT is the backstop.
 td_add_mpi_test(NAME test_mpi_divergence SOURCES "${PROJECT_SOURCE_DIR}/test/test_mpi_divergence.cpp"
-                RANKS 2 3 TIMEOUT 150)
+                RANKS 2 3 TIMEOUT 240)
 
 # test_mpi_divergence.env.<name>: an MPMD launch (Open MPI syntax) in which rank i runs with the
 # environment assignments of the i-th argument ("-" for none; several separated by spaces), e.g.
@@ -27,7 +27,7 @@ function(_td_add_divergence_env_test name)
   endforeach()
   add_test(NAME test_mpi_divergence.env.${name} COMMAND ${cmd})
   set_tests_properties(test_mpi_divergence.env.${name} PROPERTIES
-    TIMEOUT 60
+    TIMEOUT 120
     LABELS "mpi"
     ENVIRONMENT "${_TD_MPI_TEST_ENV}")
 endfunction()

@@ -27,7 +27,7 @@ for n in "${ranks[@]}"; do
   for kind in $kinds; do
     log="$log_dir/$kind.${n}ranks.log"
     TD_DIVERGENCE_KINDS=$kind timeout 600 "$mpiexec" "${flags[@]}" -n "$n" "$prog" >"$log" 2>&1
-    line=$(grep -E "^  $kind " "$log" | sed -E "s/^  $kind +//")
+    line=$(grep -E "^  $kind +[0-9]+ x " "$log" | sed -E "s/^  $kind +//")
     if grep -q "stuck for" "$log"; then
       line="HANG: $(grep -m1 -o 'round seed [0-9]*' "$log") ($(grep -m1 -o 'stuck for [0-9]* s [a-z ]*' "$log"))"
     elif [ -z "$line" ]; then
