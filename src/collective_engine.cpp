@@ -483,12 +483,6 @@ bool agree(GroupState& g, const CollectiveCall& call, std::optional<std::size_t>
 
 // ---- moving the data -----------------------------------------------------------------------
 
-struct BucketMemory {
-  std::byte* data = nullptr;
-  bool packed = false;  // data is a pack buffer (else the leaves' own memory)
-};
-
-// Whether a bucket's leaves lie back to back in memory, so it can run on them directly.
 // Whether a bucket's leaves lie back to back in one storage, so it can run on them directly.
 // Runs per bucket per call: unchecked field reads (every slot holds a dense, defined leaf).
 // These LeafRef forms look at each leaf's own strides rather than trusting the plan's
@@ -646,15 +640,6 @@ void start_or_run(const CollectiveCall& call, int rank, MPI_Comm comm, std::byte
     default:
       throw std::logic_error("start_or_run: not an in-place collective");
   }
-}
-
-std::string bucket_desc(const CollectiveCall& call, const BucketPlan& plan, std::size_t b,
-                        std::span<const LeafRef> leaves, int group_size) {
-  const auto& bk = plan.buckets[b];
-  return fmt::format(
-      "{} of bucket {} of {} ({}, {} B, {} leaves, first key '{}') in a group of {} ranks",
-      call.name, b, plan.buckets.size(), name(bk.dtype), bk.nbytes, bk.slots.size(),
-      leaves[bk.slots[0].leaf].key->str(), group_size);
 }
 
 std::mutex g_stats_mu;
@@ -874,64 +859,50 @@ void run_sparse_leaves(const BucketPlan& plan, std::span<const LeafRef> leaves,
   for (std::size_t i : plan.sparse_leaves) run_sparse(*leaves[i].tensor, call, g);
 }
 
+// Async all_reduce / reduce / broadcast: one Work per bucket, in place or through a pack buffer
+// the Work owns; the finish step divides (AVG) and copies back from the Work's own tensor
+// handles, so it stays valid even if the dict was dropped meanwhile.
 std::vector<Work> run_async(const BucketPlan& plan, std::span<const LeafRef> leaves,
                             const CollectiveCall& call, const std::shared_ptr<GroupState>& g,
                             Clock::time_point deadline) {
   const Roles roles = roles_of(call, g->rank);
-  std::vector<Work> works;
-  works.reserve(plan.buckets.size());
-  std::vector<std::shared_ptr<WorkState>> states;
-  states.reserve(plan.buckets.size());
+  BucketRunner runner(deadline, /*async_op=*/true);
   std::size_t buffered = 0;  // every Work owns its pack buffer until it completes
+  static const Key kLeaf("<leaf>");
   for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
     const auto& bk = plan.buckets[b];
-    auto st = std::make_shared<WorkState>();
-    st->deadline = deadline;
+    auto st = runner.state(bucket_description(call.name, plan, b, leaves, g->size));
     for (const auto& slot : bk.slots) st->keep_alive.push_back(*leaves[slot.leaf].tensor);
-    const bool direct = contiguous_in_memory(bk, leaves);
-    std::byte* p;
-    if (direct) {
-      p = static_cast<std::byte*>(st->keep_alive[0].raw_data());
-    } else {
-      st->buffer = std::make_shared<Storage>(bk.nbytes);
-      buffered += bk.nbytes;
-      p = st->buffer->data;
-      if (roles.sends) pack(bk, leaves, p);
-    }
-    for_each_message(bk.nbytes, bk.dtype, plan.max_message_bytes, [&](std::size_t off, int count) {
-      st->requests.push_back(MPI_REQUEST_NULL);
-      start_or_run(call, g->rank, g->comm, p + off, count, bk.dtype, &st->requests.back());
-    });
-    // The finish step runs after completion: the leaves are copied back from the Work's own
-    // tensor handles, so it stays valid even if the dict was dropped meanwhile.
+    bool packed = false;
+    std::byte* p = BucketRunner::place(bk, leaves, *st, roles.sends, &packed);
+    if (packed) buffered += bk.nbytes;
     const bool avg = divides_result(call, roles);
     const int size = g->size;
     auto bucket = std::make_shared<BucketPlan::Bucket>(bk);
     WorkState* raw = st.get();
-    st->finish = [raw, bucket, p, avg, direct, roles, size] {
+    st->finish = [raw, bucket, p, avg, packed, roles, size] {
       if (avg)
         divide_in_place(p, static_cast<std::int64_t>(bucket->nbytes / itemsize(bucket->dtype)),
                         bucket->dtype, size);
-      if (!direct && roles.receives) {
-        std::vector<Key> keys(bucket->slots.size(), Key("leaf"));
-        std::vector<LeafRef> refs;
-        for (std::size_t s = 0; s < bucket->slots.size(); ++s)
-          refs.push_back({&keys[s], &raw->keep_alive[s], 0});
-        BucketPlan::Bucket local = *bucket;
-        for (std::size_t s = 0; s < local.slots.size(); ++s) local.slots[s].leaf = s;
-        unpack(local, refs, p);
-      }
+      if (!packed || !roles.receives) return;
+      // The Work's own handles, in slot order: the bucket renumbered onto them.
+      std::vector<LeafRef> refs;
+      refs.reserve(bucket->slots.size());
+      for (auto& t : raw->keep_alive) refs.push_back({&kLeaf, &t, 0});
+      BucketPlan::Bucket local = *bucket;
+      for (std::size_t s = 0; s < local.slots.size(); ++s) local.slots[s].leaf = s;
+      unpack(local, refs, p);
     };
-    st->describe = [desc = bucket_desc(call, plan, b, leaves, g->size)] { return desc; };
-    states.push_back(st);
-    works.emplace_back(std::move(st));
+    const std::size_t max_message = plan.max_message_bytes;
+    runner.run(st, [&](std::vector<MPI_Request>* reqs) {
+      for_each_message(bk.nbytes, bk.dtype, max_message, [&](std::size_t off, int count) {
+        reqs->push_back(MPI_REQUEST_NULL);
+        start_or_run(call, g->rank, g->comm, p + off, count, bk.dtype, &reqs->back());
+      });
+    });
   }
-  // Only now does the progress thread see them: while this thread is still starting buckets,
-  // a second thread inside MPI makes every MPI_I* call here wait on Open MPI's locks (measured:
-  // starting 64 buckets took 20x longer with the thread polling than without it).
-  progress_add(states);
   note_extra_bytes(buffered);
-  return works;
+  return runner.works();
 }
 
 std::shared_ptr<const BucketPlan> plan_for(GroupState& g, const Analysis& a,
@@ -1033,6 +1004,78 @@ std::vector<Work> run_collective(std::span<const LeafRef> leaves, const Collecti
     run_sync(plan, leaves, call, *g, *memory);
   }
   return {};
+}
+
+BucketRunner::BucketRunner(Clock::time_point deadline, bool async_op)
+    : deadline_(deadline), async_(async_op) {}
+
+std::shared_ptr<WorkState> BucketRunner::state(std::string describe) const {
+  auto st = std::make_shared<WorkState>();
+  st->deadline = deadline_;
+  st->describe = [d = std::move(describe)] { return d; };
+  return st;
+}
+
+std::byte* BucketRunner::place(const BucketPlan::Bucket& bk, std::span<const LeafRef> leaves,
+                               WorkState& st, bool pack_from_leaves, bool* packed,
+                               std::size_t nbytes) {
+  const bool direct = contiguous_in_memory(bk, leaves);
+  if (packed) *packed = !direct;
+  if (direct) return TensorAccess::data(*leaves[bk.slots[0].leaf].tensor, itemsize(bk.dtype));
+  auto buf = std::make_shared<Storage>(nbytes != 0 ? nbytes : bk.nbytes);
+  if (pack_from_leaves) pack(bk, leaves, buf->data);
+  std::byte* p = buf->data;
+  st.held.push_back(std::move(buf));
+  return p;
+}
+
+void BucketRunner::run(const std::shared_ptr<WorkState>& st,
+                       const std::function<void(std::vector<MPI_Request>*)>& start) {
+  if (!async_) {
+    {
+      const BlockingPhase watched(st->deadline, st->describe);
+      start(nullptr);
+    }
+    st->wait();  // no requests: runs the finish step now (and releases the buffers)
+    return;
+  }
+  start(&st->requests);
+  states_.push_back(st);
+  works_.emplace_back(st);
+}
+
+void BucketRunner::run_one(const std::shared_ptr<WorkState>& st,
+                           const std::function<void(MPI_Request*)>& start) {
+  run(st, [&](std::vector<MPI_Request>* reqs) {
+    if (reqs == nullptr) return start(nullptr);
+    reqs->push_back(MPI_REQUEST_NULL);
+    start(&reqs->back());
+  });
+}
+
+std::vector<Work> BucketRunner::works() {
+  // Only now does the progress thread see them: while this thread is still starting buckets,
+  // a second thread inside MPI makes every MPI_I* call here wait on Open MPI's locks (measured:
+  // starting 64 buckets took 20x longer with the thread polling than without it).
+  progress_add(states_);
+  states_.clear();
+  return std::move(works_);
+}
+
+std::string bucket_description(std::string_view what, const BucketPlan& plan, std::size_t b,
+                               std::span<const LeafRef> leaves, int group_size) {
+  const auto& bk = plan.buckets[b];
+  return fmt::format(
+      "{} of bucket {} of {} ({}, {} B, {} leaves, first key '{}') in a group of {} ranks", what, b,
+      plan.buckets.size(), name(bk.dtype), bk.nbytes, bk.slots.size(),
+      leaves[bk.slots[0].leaf].key->str(), group_size);
+}
+
+int mpi_count(std::size_t count, std::string_view what) {
+  if (count > static_cast<std::size_t>(INT_MAX))
+    throw Error(fmt::format("{}: {} elements are too many for one message (at most {})", what,
+                            count, INT_MAX));
+  return static_cast<int>(count);
 }
 
 void pack_bucket(const BucketPlan::Bucket& bucket, std::span<const LeafRef> leaves,

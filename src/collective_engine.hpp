@@ -122,6 +122,46 @@ void unpack_bucket(const BucketPlan::Bucket& bucket, std::span<const LeafRef> le
 bool bucket_is_contiguous_in_memory(const BucketPlan::Bucket& bucket,
                                     std::span<const LeafRef> leaves);
 
+/// The one place where a bucket becomes MPI calls and a Work: every collective's buckets go
+/// through it (the sync in-place path of all_reduce/reduce/broadcast, which reuses one pack
+/// buffer across calls, excepted). An op supplies, per bucket, a WorkState holding its buffers
+/// and finish step, and `start`, which posts the bucket's MPI calls (into `requests`) or, for a
+/// sync call (`requests` null), runs them blocking. Sync: start, then the finish step, under the
+/// data-phase watchdog. Async: the Works are handed to the progress thread together by works().
+class BucketRunner {
+ public:
+  BucketRunner(std::chrono::steady_clock::time_point deadline, bool async_op);
+  /// A bucket's state: the call's deadline and `describe` (for errors).
+  std::shared_ptr<WorkState> state(std::string describe) const;
+  /// Where a bucket's elements are for MPI: the leaves' own memory when they lie back to back in
+  /// one storage (in place), else a pack buffer of `nbytes` (default: the bucket's) held by `st`,
+  /// filled from the leaves when `pack`. `packed` tells which.
+  static std::byte* place(const BucketPlan::Bucket& bk, std::span<const LeafRef> leaves,
+                          WorkState& st, bool pack, bool* packed = nullptr, std::size_t nbytes = 0);
+  /// Runs one bucket (see the class comment).
+  void run(const std::shared_ptr<WorkState>& st,
+           const std::function<void(std::vector<MPI_Request>*)>& start);
+  /// run() of a bucket that is one MPI call: `start` gets a request to post into, or null.
+  void run_one(const std::shared_ptr<WorkState>& st,
+               const std::function<void(MPI_Request*)>& start);
+  /// The pending Works of an async call (none for a sync call), handed to the progress thread.
+  std::vector<Work> works();
+
+ private:
+  std::chrono::steady_clock::time_point deadline_;
+  bool async_;
+  std::vector<Work> works_;
+  std::vector<std::shared_ptr<WorkState>> states_;
+};
+
+/// "<what> of bucket b of n (dtype, bytes, leaves, first key) in a group of N ranks", for errors.
+std::string bucket_description(std::string_view what, const BucketPlan& plan, std::size_t b,
+                               std::span<const LeafRef> leaves, int group_size);
+
+/// An element count as MPI's int, checked: a count larger than INT_MAX is a td::Error naming
+/// `what` (the same on every rank: counts follow from the agreed layout).
+int mpi_count(std::size_t count, std::string_view what);
+
 /// Runs `call` on `leaves` (canonical order): checks arguments and layout across the group,
 /// plans buckets and moves the data. Returns pending Works when opts.async_op, else none.
 std::vector<Work> run_collective(std::span<const LeafRef> leaves, const CollectiveCall& call,

@@ -249,19 +249,9 @@ void post_data(WorkState& w, const std::shared_ptr<Transfer>& x, std::uint64_t c
   std::size_t message = 0;
   for (std::size_t b = 0; b < plan->buckets.size(); ++b) {
     const auto& bk = plan->buckets[b];
-    std::byte* data;
-    if (detail::bucket_is_contiguous_in_memory(bk, x->refs)) {
-      data = static_cast<std::byte*>(x->tensors[bk.slots[0].leaf].raw_data());
-    } else {
-      auto buf = std::make_shared<detail::Storage>(bk.nbytes);
-      data = buf->data;
-      w.held.push_back(buf);
-      if (sending) {
-        detail::pack_bucket(bk, x->refs, data);
-      } else {
-        unpack_later.emplace_back(b, data);
-      }
-    }
+    bool packed = false;
+    std::byte* data = detail::BucketRunner::place(bk, x->refs, w, /*pack=*/sending, &packed);
+    if (packed && !sending) unpack_later.emplace_back(b, data);
     const MPI_Datatype type = detail::mpi_datatype(bk.dtype);
     detail::for_each_message(
         bk.nbytes, bk.dtype, plan->max_message_bytes, [&](std::size_t off, int count) {

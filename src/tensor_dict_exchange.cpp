@@ -31,15 +31,6 @@ using Clock = std::chrono::steady_clock;
 
 std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
-// An element count as MPI's int; a bucket or leaf larger than that is refused (the same on every
-// rank: the count follows from the agreed layout).
-int mpi_count(std::size_t count, std::string_view what) {
-  if (count > static_cast<std::size_t>(INT_MAX))
-    throw Error(fmt::format("{}: {} elements are too many for one message (at most {})", what,
-                            count, INT_MAX));
-  return static_cast<int>(count);
-}
-
 // What is wrong with `part` as a dict of `layout`'s layout (keys, dtypes, shapes), or "".
 std::string layout_difference(std::span<const LeafRef> layout, std::span<const LeafRef> part) {
   for (std::size_t i = 0; i < std::max(layout.size(), part.size()); ++i) {
@@ -145,63 +136,6 @@ std::shared_ptr<detail::Storage> storage(std::size_t nbytes) {
   return std::make_shared<detail::Storage>(nbytes);
 }
 
-// One bucket's operation: `start` posts its MPI call (blocking when req is null); `st` holds its
-// buffers and its finish step. Sync calls run it at once; async calls hand it to a Work.
-// The Works of a call's buckets; the progress thread gets them once every bucket has started
-// (see run_async in collective_engine.cpp).
-struct Started {
-  std::vector<Work> works;
-  std::vector<std::shared_ptr<detail::WorkState>> states;
-  std::vector<Work> hand_over() {
-    detail::progress_add(states);
-    return std::move(works);
-  }
-};
-
-void run_bucket(const std::shared_ptr<detail::WorkState>& st,
-                const std::function<void(MPI_Request*)>& start, bool async_op, Started& started) {
-  if (!async_op) {
-    {
-      const detail::BlockingPhase watched(st->deadline, st->describe);
-      start(nullptr);
-    }
-    st->wait();  // no requests: runs the finish step now (and releases the buffers)
-    return;
-  }
-  st->requests.push_back(MPI_REQUEST_NULL);
-  start(&st->requests.back());
-  started.states.push_back(st);
-  started.works.emplace_back(st);
-}
-
-std::string bucket_what(std::string_view what, const BucketPlan& plan, std::size_t b,
-                        std::span<const LeafRef> leaves, int size) {
-  const auto& bk = plan.buckets[b];
-  return fmt::format("{} of bucket {} of {} ({}, {} bytes, first key '{}') in a group of {} ranks",
-                     what, b, plan.buckets.size(), name(bk.dtype), bk.nbytes,
-                     leaves[bk.slots[0].leaf].key->str(), size);
-}
-
-std::shared_ptr<detail::WorkState> bucket_state(const detail::PreparedCollective& prepared,
-                                                std::string describe) {
-  auto st = std::make_shared<detail::WorkState>();
-  st->deadline = prepared.deadline;
-  st->describe = [d = std::move(describe)] { return d; };
-  return st;
-}
-
-// Where this rank's bucket comes from: the leaves themselves when they lie back to back, else a
-// packed copy held by the Work.
-const std::byte* send_buffer(const BucketPlan::Bucket& bk, const std::shared_ptr<Leaves>& src,
-                             detail::WorkState& st) {
-  if (detail::bucket_is_contiguous_in_memory(bk, src->refs))
-    return static_cast<const std::byte*>(src->tensors[bk.slots[0].leaf].raw_data());
-  auto buf = storage(bk.nbytes);
-  detail::pack_bucket(bk, src->refs, buf->data);
-  st.held.push_back(buf);
-  return buf->data;
-}
-
 // all_gather and gather, into `into[r]` (rank r's leaves in canonical order) on every rank that
 // receives; `stacked` (if any) holds, per leaf, the [size, ...] tensor whose row r is into[r][i],
 // so a bucket of one leaf is received straight into it.
@@ -215,13 +149,13 @@ std::vector<Work> gather_leaves(std::span<const LeafRef> leaves,
   const bool receives = kind == CollectiveKind::AllGather || g.rank == root;
   const auto size = static_cast<std::size_t>(g.size);
   auto src = std::make_shared<Leaves>(handles(leaves));
-  Started started;
+  detail::BucketRunner runner(prepared.deadline, async_op);
   for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
     const auto& bk = plan.buckets[b];
-    auto st = bucket_state(prepared, bucket_what(what, plan, b, leaves, g.size));
+    auto st = runner.state(detail::bucket_description(what, plan, b, leaves, g.size));
     st->held.push_back(src);
-    const std::byte* send = send_buffer(bk, src, *st);
-    const int count = mpi_count(bk.nbytes / itemsize(bk.dtype), what);
+    const std::byte* send = detail::BucketRunner::place(bk, src->refs, *st, /*pack=*/true);
+    const int count = detail::mpi_count(bk.nbytes / itemsize(bk.dtype), what);
     const MPI_Datatype type = detail::mpi_datatype(bk.dtype);
     std::byte* all = nullptr;
     if (receives) {
@@ -243,20 +177,17 @@ std::vector<Work> gather_leaves(std::span<const LeafRef> leaves,
       for (const auto& l : into) st->held.push_back(l);
     }
     const MPI_Comm comm = g.comm;
-    run_bucket(
-        st,
-        [&](MPI_Request* req) {
-          if (kind == CollectiveKind::AllGather) {
-            TD_MPI_CHECK(req ? MPI_Iallgather(send, count, type, all, count, type, comm, req)
-                             : MPI_Allgather(send, count, type, all, count, type, comm));
-          } else {
-            TD_MPI_CHECK(req ? MPI_Igather(send, count, type, all, count, type, root, comm, req)
-                             : MPI_Gather(send, count, type, all, count, type, root, comm));
-          }
-        },
-        async_op, started);
+    runner.run_one(st, [&](MPI_Request* req) {
+      if (kind == CollectiveKind::AllGather) {
+        TD_MPI_CHECK(req ? MPI_Iallgather(send, count, type, all, count, type, comm, req)
+                         : MPI_Allgather(send, count, type, all, count, type, comm));
+      } else {
+        TD_MPI_CHECK(req ? MPI_Igather(send, count, type, all, count, type, root, comm, req)
+                         : MPI_Gather(send, count, type, all, count, type, root, comm));
+      }
+    });
   }
-  return started.hand_over();
+  return runner.works();
 }
 
 std::vector<Work> gather_into_list(const TensorDict& self, CollectiveKind kind, int root,
@@ -370,6 +301,9 @@ TensorDict stack(const std::vector<TensorDict>& dicts) {
     out.insert(out.end(), s.begin(), s.end());
     return out;
   };
+  std::vector<std::span<const LeafRef>> all;  // each dict's leaves, looked up once
+  all.reserve(dicts.size());
+  for (const TensorDict& d : dicts) all.emplace_back(DictAccess::canonical(d));
   std::vector<Tensor> stacked;
   for (std::size_t i = 0; i < first.size(); ++i) {
     const Tensor& t = *first[i].tensor;
@@ -378,9 +312,7 @@ TensorDict stack(const std::vector<TensorDict>& dicts) {
                                               t.defined() ? "sparse" : "undefined"));
     Tensor s = Tensor::empty(prepend(t.shape()), t.dtype());
     for (std::int64_t r = 0; r < n; ++r)
-      s.slice(0, r, r + 1)
-          .view(t.shape())
-          .copy_(*DictAccess::canonical(dicts[static_cast<std::size_t>(r)])[i].tensor);
+      s.slice(0, r, r + 1).view(t.shape()).copy_(*all[static_cast<std::size_t>(r)][i].tensor);
     stacked.push_back(std::move(s));
   }
   return rebuild(dicts[0], by_key(first, stacked), prepend);
@@ -426,12 +358,12 @@ std::vector<Work> TensorDict::scatter(int src, const std::vector<TensorDict>& pa
   const BucketPlan& plan = *prepared.plan;
   const auto size = static_cast<std::size_t>(g.size);
   auto mine = std::make_shared<Leaves>(handles(leaves));
-  Started started;
+  detail::BucketRunner runner(prepared.deadline, opts.async_op);
   for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
     const auto& bk = plan.buckets[b];
-    auto st = bucket_state(prepared, bucket_what(what, plan, b, leaves, g.size));
+    auto st = runner.state(detail::bucket_description(what, plan, b, leaves, g.size));
     st->held.push_back(mine);
-    const int count = mpi_count(bk.nbytes / itemsize(bk.dtype), what);
+    const int count = detail::mpi_count(bk.nbytes / itemsize(bk.dtype), what);
     const MPI_Datatype type = detail::mpi_datatype(bk.dtype);
     std::byte* all = nullptr;
     if (is_src) {
@@ -441,27 +373,20 @@ std::vector<Work> TensorDict::scatter(int src, const std::vector<TensorDict>& pa
       for (std::size_t r = 0; r < size; ++r)
         detail::pack_bucket(bk, from[r]->refs, all + r * bk.nbytes);
     }
-    std::byte* recv;
-    if (detail::bucket_is_contiguous_in_memory(bk, mine->refs)) {
-      recv = static_cast<std::byte*>(mine->tensors[bk.slots[0].leaf].raw_data());
-    } else {
-      auto buf = storage(bk.nbytes);
-      recv = buf->data;
-      st->held.push_back(buf);
+    bool packed = false;
+    std::byte* recv = detail::BucketRunner::place(bk, mine->refs, *st, /*pack=*/false, &packed);
+    if (packed) {
       auto bucket = std::make_shared<BucketPlan::Bucket>(bk);
       st->finish = [bucket, mine, recv] { detail::unpack_bucket(*bucket, mine->refs, recv); };
     }
     const MPI_Comm comm = g.comm;
-    run_bucket(
-        st,
-        [&](MPI_Request* req) {
-          TD_MPI_CHECK(req ? MPI_Iscatter(all, count, type, recv, count, type, src, comm, req)
-                           : MPI_Scatter(all, count, type, recv, count, type, src, comm));
-        },
-        opts.async_op, started);
+    runner.run_one(st, [&](MPI_Request* req) {
+      TD_MPI_CHECK(req ? MPI_Iscatter(all, count, type, recv, count, type, src, comm, req)
+                       : MPI_Scatter(all, count, type, recv, count, type, src, comm));
+    });
   }
   // Skipped leaves are empty or aliases of an earlier leaf, whose storage they share.
-  return started.hand_over();
+  return runner.works();
 }
 
 std::vector<Work> TensorDict::reduce_scatter(TensorDict& out, ReduceOp op,
@@ -507,10 +432,10 @@ std::vector<Work> TensorDict::reduce_scatter(TensorDict& out, ReduceOp op,
   // (slot offsets divided by the group size), so MPI_Reduce_scatter_block hands each rank its
   // shards packed like the bucket. A bucket of one contiguous leaf is that already.
   auto src = std::make_shared<Leaves>(handles(leaves));
-  Started started;
+  detail::BucketRunner runner(prepared.deadline, opts.async_op);
   for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
     const auto& bk = plan.buckets[b];
-    auto st = bucket_state(prepared, bucket_what(what, plan, b, leaves, g.size));
+    auto st = runner.state(detail::bucket_description(what, plan, b, leaves, g.size));
     st->held.push_back(src);
     st->held.push_back(shards);
     const std::size_t block = bk.nbytes / size;
@@ -550,20 +475,17 @@ std::vector<Work> TensorDict::reduce_scatter(TensorDict& out, ReduceOp op,
         std::memcpy(shards->tensors[slot.leaf].raw_data(), recv + slot.offset / size,
                     slot.nbytes / size);
     };
-    const int count = mpi_count(block / itemsize(bk.dtype), what);
+    const int count = detail::mpi_count(block / itemsize(bk.dtype), what);
     const MPI_Datatype type = detail::mpi_datatype(bk.dtype);
     const MPI_Op mop = detail::mpi_op(op, bk.dtype);
     const MPI_Comm comm = g.comm;
-    run_bucket(
-        st,
-        [&](MPI_Request* req) {
-          TD_MPI_CHECK(req ? MPI_Ireduce_scatter_block(send, recv, count, type, mop, comm, req)
-                           : MPI_Reduce_scatter_block(send, recv, count, type, mop, comm));
-        },
-        opts.async_op, started);
+    runner.run_one(st, [&](MPI_Request* req) {
+      TD_MPI_CHECK(req ? MPI_Ireduce_scatter_block(send, recv, count, type, mop, comm, req)
+                       : MPI_Reduce_scatter_block(send, recv, count, type, mop, comm));
+    });
   }
   out = std::move(result);
-  return started.hand_over();
+  return runner.works();
 }
 
 TensorDict TensorDict::reduce_scatter(ReduceOp op, const CollectiveOptions& opts) const {

@@ -305,3 +305,25 @@ TEST_CASE("mismatched transfers in both directions at once name the real differe
     CHECK(x.get("v").to_vector<float>() == std::vector<float>(2, 0.f));
   }
 }
+
+TEST_CASE("Key(\"a.b\") on one rank, {\"a\", \"b\"} on another: the message tells them apart",
+          "[agreement]") {
+  const int rank = td::get_rank();
+  if (td::get_world_size() < 2) return;
+  TensorDict d;
+  d.set(rank == 0 ? Key("a.b") : Key({"a", "b"}), Tensor::full<float>({2}, 1.f));
+  td::CollectiveOptions opts;
+  opts.timeout = kTimeout;
+  try {
+    d.all_reduce(ReduceOp::SUM, opts);
+    FAIL("expected a LayoutMismatchError");
+  } catch (const td::LayoutMismatchError& e) {
+    const std::string what = e.what();
+    INFO(what);
+    CHECK_THAT(what, !Catch::Contains("print identically"));
+    // The flat name is quoted, the nested path is not: both appear, distinguishable.
+    CHECK_THAT(what, Catch::Contains("'\"a.b\"'") || Catch::Contains("'a.b'"));
+    CHECK_THAT(what, Catch::Contains("no such key"));
+  }
+  check_group_works();
+}
