@@ -5,30 +5,41 @@
 // switches algorithm or the pack buffer falls out of cache and T(B) jumps (a pack buffer that no
 // longer fits in L2 makes both copies slower; before init_process_group tuned malloc, a 32 MiB
 // allreduce cost 13x a 16 MiB one because its temporary buffer was page-faulted in per call,
-// docs/configuration.md). A dict of S
-// bytes in buckets of B costs about (S/B) T(B), so the best cap is the size whose per-byte cost
-// T(B)/B is lowest. We time that exact cycle on a ladder of sizes (the MAX over ranks, the
-// fastest of a few repetitions, so every rank sees the same numbers and picks the same B) and
-// pick the smallest size within 5% of the best per-byte cost (smaller buckets mean less pack
-// memory and earlier async completion).
+// docs/configuration.md). A dict of S bytes in buckets of B costs about (S/B) T(B), so the best
+// cap is the size whose per-byte cost T(B)/B is lowest. We time that exact cycle on a ladder of
+// sizes and pick the smallest size within 5% of the best per-byte cost (smaller buckets mean less
+// pack memory and earlier async completion).
 //
 // Leaves large enough that a message of their own costs less than their share of a packed
 // bucket are not packed at all: a leaf of n bytes goes alone when A(n)/n <= T(B)/B, with A(n)
 // the bare allreduce (no copies) measured on the same ladder.
 //
+// Noise. The ladder is timed in kPasses passes over all sizes; a pass keeps the fastest of its
+// repetitions of the MAX-over-ranks time (so every rank sees the same numbers and takes the same
+// decisions), and a size's figure is the median over passes. Load that lasts a while makes the
+// passes disagree: such a measurement is used by this process but not cached
+// (autotune_model.hpp, where the decisions live as pure functions).
+//
 // The result is cached per group in memory and on disk per (hosts, rank count, MPI library, each
-// rank's transport/binding/CPU/malloc setup: local_setup()) in
-// $TD_CACHE_DIR or $XDG_CACHE_HOME/tensordict-mpi or ~/.cache/tensordict-mpi; rank 0 reads the
-// file and broadcasts, so ranks agree even if their caches differ.
+// rank's transport/binding/CPU/malloc setup: local_setup()) in $TD_CACHE_DIR or
+// $XDG_CACHE_HOME/tensordict-mpi or ~/.cache/tensordict-mpi; rank 0 reads the file and
+// broadcasts, so ranks agree even if their caches differ. On first use in a process a cached cap
+// is spot-checked against its ladder neighbours (a few ms) and measured again if it is clearly
+// off. TD_AUTOTUNE_REFRESH=1 (rank 0's) ignores the cached entry. The td-autotune tool
+// (tools/td_autotune.cpp) shows, clears and re-measures the cache.
 #include <algorithm>
 #include <array>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <functional>
-#include <numeric>
+#include <memory>
+#include <string>
 #include <string_view>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include <sched.h>
 #include <unistd.h>
@@ -36,6 +47,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "autotune_model.hpp"
 #include "collective_engine.hpp"
 #include "config.hpp"
 #include "log.hpp"
@@ -45,20 +57,15 @@ namespace td::detail {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using autotune::kLadder;
 
-constexpr std::array<std::size_t, 8> kLadder = {
-    std::size_t{16} << 10, std::size_t{64} << 10, std::size_t{256} << 10, std::size_t{1} << 20,
-    std::size_t{2} << 20,  std::size_t{4} << 20,  std::size_t{8} << 20,   std::size_t{16} << 20};
 constexpr std::size_t kFallback = std::size_t{4} << 20;
-
-std::filesystem::path cache_dir() {
-  if (const char* d = std::getenv("TD_CACHE_DIR"); d && *d) return d;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x)
-    return std::filesystem::path(x) / "tensordict-mpi";
-  if (const char* h = std::getenv("HOME"); h && *h)
-    return std::filesystem::path(h) / ".cache" / "tensordict-mpi";
-  return {};
-}
+constexpr int kPasses = 3;
+// Repetitions per pass (the pass keeps the fastest): more for small sizes, whose few
+// microseconds a single preemption swamps, and which cost nothing to repeat.
+constexpr int kRepsPerPassSmall = 4;
+constexpr int kRepsPerPass = 2;
+constexpr std::size_t kSmallBytes = std::size_t{256} << 10;
 
 // What else decides a collective's cost on this rank: the transport and collective components
 // chosen through Open MPI's MCA variables (--mca on the mpirun line arrives as OMPI_MCA_*), the
@@ -106,75 +113,199 @@ std::string cache_key(GroupState& g) {
   return fmt::format("buckets-v3-{}ranks-{:016x}", g.size, h);
 }
 
-std::optional<TunedBuckets> read_cache(const std::filesystem::path& file) {
-  std::ifstream in(file);
-  TunedBuckets t;
-  if (in >> t.cap >> t.direct_bytes && t.cap > 0 && t.direct_bytes > 0) return t;
-  return std::nullopt;
-}
-
-// Fastest over reps of the MAX-over-ranks time of `op`: the minimum is what the machine can do,
-// the median would also measure whatever else ran meanwhile.
+// Times `op` `reps` times (after one untimed call when `warm_up`) and returns the fastest
+// MAX-over-ranks time: the minimum is what the machine can do, the median would also measure
+// whatever else ran meanwhile.
 template <class Op>
-double fastest(GroupState& g, int reps, Op&& op) {
+double fastest(GroupState& g, int reps, bool warm_up, Op&& op) {
   double best = 1e30;
-  for (int r = 0; r < reps + 1; ++r) {
+  for (int r = warm_up ? -1 : 0; r < reps; ++r) {
     TD_MPI_CHECK(MPI_Barrier(g.comm));
     const double start = MPI_Wtime();
     op();
     double dt = MPI_Wtime() - start;
     TD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, g.comm));
-    if (r > 0) best = std::min(best, dt);  // the first run warms up buffers and connections
+    if (r >= 0) best = std::min(best, dt);  // the untimed call warms up buffers and connections
   }
   return best;
 }
 
-TunedBuckets measure(GroupState& g) {
-  const std::size_t top = kLadder.back();
+// Times the packed cycle (and, with `bare`, the bare allreduce) of each size in kPasses passes
+// over all sizes, so that load lasting a while hits one pass of every size rather than every pass
+// of one size. Collective; every rank returns the same values.
+std::vector<autotune::Timings> time_sizes(GroupState& g, const std::vector<std::size_t>& sizes,
+                                          bool bare) {
+  const std::size_t top = *std::max_element(sizes.begin(), sizes.end());
   auto leaves = std::make_unique<Storage>(top);  // stands for the leaves' memory
   auto pack = std::make_unique<Storage>(top);    // the pack buffer
   std::memset(leaves->data, 0, top);             // zeros: sums stay finite; pages are touched
   std::memset(pack->data, 0, top);
-  std::vector<double> times, per_byte, bare;
-  for (std::size_t n : kLadder) {
-    const int count = static_cast<int>(n / sizeof(float));
-    const int reps = n >= (std::size_t{8} << 20) ? 3 : 5;
-    const double t = fastest(g, reps, [&] {
-      std::memcpy(pack->data, leaves->data, n);
-      TD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, pack->data, count, MPI_FLOAT, MPI_SUM, g.comm));
-      std::memcpy(leaves->data, pack->data, n);
-    });
-    times.push_back(t);
-    per_byte.push_back(t / static_cast<double>(n));
-    bare.push_back(fastest(g, reps, [&] {
-      TD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, leaves->data, count, MPI_FLOAT, MPI_SUM, g.comm));
-    }));
-  }
-  const double best = *std::min_element(per_byte.begin(), per_byte.end());
-  TunedBuckets out{kLadder.back(), kLadder.back()};
-  for (std::size_t i = 0; i < kLadder.size(); ++i)
-    if (per_byte[i] <= best * 1.05) {
-      out.cap = kLadder[i];
-      break;
+  std::vector<autotune::Timings> out;
+  out.reserve(sizes.size());
+  for (std::size_t n : sizes) out.push_back({n, {}, {}});
+  for (int pass = 0; pass < kPasses; ++pass)
+    for (auto& t : out) {
+      const int count = static_cast<int>(t.bytes / sizeof(float));
+      const int reps = t.bytes <= kSmallBytes ? kRepsPerPassSmall : kRepsPerPass;
+      t.packed.push_back(fastest(g, reps, pass == 0, [&] {
+        std::memcpy(pack->data, leaves->data, t.bytes);
+        TD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, pack->data, count, MPI_FLOAT, MPI_SUM, g.comm));
+        std::memcpy(leaves->data, pack->data, t.bytes);
+      }));
+      if (bare)
+        t.bare.push_back(fastest(g, reps, pass == 0, [&] {
+          TD_MPI_CHECK(
+              MPI_Allreduce(MPI_IN_PLACE, leaves->data, count, MPI_FLOAT, MPI_SUM, g.comm));
+        }));
     }
-  const double packed_per_byte = best;
-  for (std::size_t i = 0; i < kLadder.size() && kLadder[i] <= out.cap; ++i)
-    if (bare[i] / static_cast<double>(kLadder[i]) <= packed_per_byte) {
-      out.direct_bytes = kLadder[i];
-      break;
-    }
-  out.direct_bytes = std::min(out.direct_bytes, out.cap);
-  log_info([&] {
-    std::string ladder;
-    for (std::size_t i = 0; i < kLadder.size(); ++i)
-      ladder +=
-          fmt::format(" {}KiB:{:.3f}/{:.3f}ms", kLadder[i] >> 10, times[i] * 1e3, bare[i] * 1e3);
-    return fmt::format(
-        "auto buckets: cap {} KiB, leaves of {} KiB or more sent alone (per size: packed cycle / "
-        "bare allreduce{})",
-        out.cap >> 10, out.direct_bytes >> 10, ladder);
-  });
   return out;
+}
+
+std::string kib(std::size_t bytes) { return fmt::format("{} KiB", bytes >> 10); }
+
+// " 16KiB:0.012/0.009ms ...": each size's median packed cycle / bare allreduce.
+std::string ladder_text(const std::vector<autotune::Timings>& ladder) {
+  std::string text;
+  for (const auto& t : ladder)
+    text += fmt::format(" {}KiB:{:.3f}/{:.3f}ms", t.bytes >> 10, autotune::median(t.packed) * 1e3,
+                        autotune::median(t.bare) * 1e3);
+  return text;
+}
+
+// "spread across 3 passes 4% at 64 KiB, limit 25%"
+std::string spread_text(const autotune::Choice& c) {
+  if (c.spread_bytes == 0)
+    return fmt::format("the {} passes agree within {:.0f} us where it matters", kPasses,
+                       autotune::kNoiseFloorSeconds * 1e6);
+  return fmt::format("spread across {} passes {:.0f}% at {}, limit {:.0f}%", kPasses,
+                     c.spread * 100, kib(c.spread_bytes), autotune::kNoiseLimit * 100);
+}
+
+// What else ran on rank 0's host while we measured: the 1-minute load average (times 1000), this
+// job's ranks on that host, and its online CPUs. Collective; rank 0's figures on every rank.
+std::array<std::uint64_t, 3> host_load(GroupState& g) {
+  MPI_Comm local = MPI_COMM_NULL;
+  TD_MPI_CHECK(MPI_Comm_split_type(g.comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local));
+  int local_ranks = 1;
+  MPI_Comm_size(local, &local_ranks);
+  MPI_Comm_free(&local);
+  std::array<std::uint64_t, 3> out{0, static_cast<std::uint64_t>(local_ranks), 0};
+  if (g.rank == 0) {
+    double load = 0;
+    if (getloadavg(&load, 1) == 1) out[0] = static_cast<std::uint64_t>(load * 1000);
+    out[2] = static_cast<std::uint64_t>(std::max(0L, sysconf(_SC_NPROCESSORS_ONLN)));
+  }
+  TD_MPI_CHECK(MPI_Bcast(out.data(), 3, MPI_UINT64_T, 0, g.comm));
+  return out;
+}
+
+// The notes of a cache file: when, where and how well it was measured.
+std::vector<std::string> cache_notes(const GroupState& g, const autotune::Choice& c,
+                                     const std::vector<autotune::Timings>& ladder) {
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  char lib[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int len = 0;
+  MPI_Get_library_version(lib, &len);
+  std::string mpi(lib, static_cast<std::size_t>(std::max(len, 0)));
+  mpi = mpi.substr(0, mpi.find_first_of(",\n"));
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char when[32] = {};
+  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  double load = 0;
+  getloadavg(&load, 1);
+  return {fmt::format("measured {} by rank 0 on {}, {} ranks, {}", when, host, g.size, mpi),
+          fmt::format("{}; load average {:.2f}", spread_text(c), load),
+          fmt::format("per size, median packed cycle / bare allreduce:{}", ladder_text(ladder))};
+}
+
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v) return false;
+  const std::string_view s(v);
+  return s == "1" || s == "true" || s == "on" || s == "yes";
+}
+
+// Resolves kAutoBucketBytes on a group of 2 ranks or more; returns it with the one line that says
+// how it was found. Collective: every decision below is taken on values every rank shares
+// (rank 0's broadcast cache entry, MAX-over-ranks timings).
+std::pair<TunedBuckets, std::string> resolve(GroupState& g) {
+  const std::filesystem::path dir = autotune::cache_dir();
+  const std::string key = cache_key(g);
+  const std::filesystem::path file = dir.empty() ? std::filesystem::path() : dir / key;
+  const bool use_cache = !dir.empty() && config().autotune_cache;
+  std::array<std::uint64_t, 3> shared{0, 0, 0};  // cached cap, direct bytes; refresh
+  if (g.rank == 0) {
+    shared[2] = env_flag("TD_AUTOTUNE_REFRESH") ? 1 : 0;
+    if (use_cache && shared[2] == 0)
+      if (auto c = autotune::read_cache_entry(file)) shared = {c->cap, c->direct_bytes, 0};
+  }
+  TD_MPI_CHECK(MPI_Bcast(shared.data(), 3, MPI_UINT64_T, 0, g.comm));
+
+  std::string story;
+  if (shared[0] > 0) {
+    const std::size_t cap = shared[0];
+    const autotune::SpotCheck verdict =
+        autotune::check_cached_cap(cap, time_sizes(g, autotune::spot_check_sizes(cap), false));
+    if (!verdict.off)
+      return {
+          {cap, shared[1]},
+          fmt::format("from the cache {} (spot check against its neighbours: ok)", file.string())};
+    story = fmt::format(
+        "the cached cap {} ({}) is off: {} was {:.0f}% or more cheaper per byte in every pass of "
+        "a spot check; measured again: ",
+        kib(cap), file.string(), kib(verdict.better_bytes), verdict.gain * 100);
+  } else if (shared[2] != 0) {
+    story = "TD_AUTOTUNE_REFRESH: cached entry ignored; ";
+  }
+
+  const auto ladder = time_sizes(g, std::vector<std::size_t>(kLadder.begin(), kLadder.end()), true);
+  const autotune::Choice c = autotune::choose(ladder);
+  if (g.rank == 0)
+    log_debug([&] {
+      std::string passes;
+      auto ms = [](const std::vector<double>& v) {
+        std::string out;
+        for (double x : v) out += fmt::format("{}{:.4f}", out.empty() ? "" : "/", x * 1e3);
+        return out;
+      };
+      for (const auto& t : ladder)
+        passes +=
+            fmt::format(" {}KiB: packed {} bare {} ms;", t.bytes >> 10, ms(t.packed), ms(t.bare));
+      return fmt::format("auto buckets: each pass's fastest of {} ({} up to {} KiB):{}",
+                         kRepsPerPass, kRepsPerPassSmall, kSmallBytes >> 10, passes);
+    });
+  const TunedBuckets pick{c.cap, c.direct_bytes};
+  const auto [load_milli, local_ranks, cpus] = host_load(g);
+  const double load = static_cast<double>(load_milli) / 1000;
+  const bool busy =
+      autotune::machine_busy(load, static_cast<long>(cpus), static_cast<int>(local_ranks));
+  if (c.noisy || busy) {
+    const std::string why =
+        c.noisy ? spread_text(c)
+                : fmt::format(
+                      "load average {:.2f} on {} CPUs, of which this job's {} ranks there "
+                      "explain at most {}",
+                      load, cpus, local_ranks, local_ranks);
+    story += fmt::format(
+        "measured, NOT cached: the machine looks busy ({}); this process uses it, the next one "
+        "measures again (cache file {})",
+        why, file.empty() ? std::string("none") : file.string());
+  } else if (!use_cache) {
+    story += fmt::format("measured ({}); not cached: {}", spread_text(c),
+                         dir.empty() ? "no cache directory" : "TD_AUTOTUNE_CACHE=0");
+  } else {
+    story += fmt::format("measured ({}), cached in {}", spread_text(c), file.string());
+    if (g.rank == 0 &&
+        !autotune::write_cache_entry(file, {pick.cap, pick.direct_bytes, cache_notes(g, c, ladder)},
+                                     std::to_string(getpid())))
+      log_warn(
+          [&] { return fmt::format("could not write the bucket-size cache {}", file.string()); });
+  }
+  story += fmt::format(" (per size, median packed cycle / bare allreduce:{})", ladder_text(ladder));
+  return {pick, story};
 }
 
 }  // namespace
@@ -186,28 +317,13 @@ TunedBuckets tuned_buckets(GroupState& g, Clock::time_point) {
   }
   TunedBuckets pick{kFallback, std::size_t{64} << 10};
   if (g.size > 1) {
-    const std::filesystem::path dir = cache_dir();
-    const std::string key = cache_key(g);
-    const bool use_cache = !dir.empty() && config().autotune_cache;
-    std::array<std::uint64_t, 2> cached{0, 0};
-    if (g.rank == 0 && use_cache)
-      if (auto c = read_cache(dir / key)) cached = {c->cap, c->direct_bytes};
-    TD_MPI_CHECK(MPI_Bcast(cached.data(), 2, MPI_UINT64_T, 0, g.comm));
-    if (cached[0] > 0) {
-      pick = {cached[0], cached[1]};
-    } else {
-      pick = measure(g);
-      if (g.rank == 0 && use_cache) {
-        std::error_code ec;
-        std::filesystem::create_directories(dir, ec);
-        std::ofstream out(dir / key);
-        out << pick.cap << " " << pick.direct_bytes << "\n";
-        if (!out)
-          log_warn([&] {
-            return fmt::format("could not write the bucket-size cache {}", (dir / key).string());
-          });
-      }
-    }
+    std::string story;
+    std::tie(pick, story) = resolve(g);
+    // Every rank knows the same: said once per group, not once per rank.
+    log_info_once(g.rank, [&] {
+      return fmt::format("auto buckets: cap {}, leaves of {} or more sent alone; {}", kib(pick.cap),
+                         kib(pick.direct_bytes), story);
+    });
   }
   std::lock_guard lock(g.mu);
   g.tuned = pick;

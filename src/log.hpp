@@ -2,12 +2,13 @@
 #pragma once
 
 #include <string>
+#include <utility>
 
 #include "config.hpp"
 
 namespace td::detail {
 
-/// Writes "[td rank R] message" to stderr.
+/// Writes "[td rank R level] message" to stderr (R: the rank in MPI_COMM_WORLD).
 void log_line(LogLevel level, const std::string& message);
 
 /// Logs the message `make()` returns at debug level; make() only runs when debug is on.
@@ -26,6 +27,13 @@ void log_warn(F&& make) {
 template <class F>
 void log_info(F&& make) {
   if (config().log_level >= LogLevel::Info) log_line(LogLevel::Info, make());
+}
+
+/// Logs at info level on rank 0 of a group only: for what every rank of a collective knows alike
+/// (the tuned bucket size), which would otherwise be printed once per rank.
+template <class F>
+void log_info_once(int group_rank, F&& make) {
+  if (group_rank == 0) log_info(std::forward<F>(make));
 }
 
 }  // namespace td::detail

@@ -37,6 +37,11 @@ run_consumer() {
 step "install $build_dir into $prefix"
 "$cmake_cmd" --install "$build_dir" --prefix "$prefix" ${config:+--config "$config"}
 
+step "installed td-autotune runs (it finds the installed library)"
+if [[ -e $prefix/bin/td-autotune ]]; then
+  TD_CACHE_DIR="$tmp/cache" "$prefix/bin/td-autotune" show
+fi
+
 step "find_package(TensorDict) build"
 "$cmake_cmd" -S "$here" -B "$tmp/cmake-build" -DCMAKE_PREFIX_PATH="$prefix" \
   -DCMAKE_BUILD_TYPE="${config:-Release}"

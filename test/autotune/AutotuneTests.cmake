@@ -1,0 +1,17 @@
+# Tests of the bucket-size tuner's decisions and of td-autotune. Included from the tools section
+# of the top-level CMakeLists.txt when tests are built too.
+
+# The noise rule, the pick and the spot check, as pure functions (src/autotune_model.hpp).
+td_add_serial_test(NAME test_serial_autotune_model
+                   SOURCES "${CMAKE_CURRENT_LIST_DIR}/test_serial_autotune_model.cpp")
+target_include_directories(test_serial_autotune_model PRIVATE "${PROJECT_SOURCE_DIR}/src")
+
+# td-autotune show / clear on a temporary TD_CACHE_DIR, measure and check at 2-3 ranks: the
+# autotune line is printed once per job, and a planted, clearly wrong cached cap is measured again.
+add_test(NAME autotune.tool
+  COMMAND bash "${CMAKE_CURRENT_LIST_DIR}/check_td_autotune.sh" $<TARGET_FILE:td-autotune>
+          ${TD_MPIEXEC_FLAGS})
+set_tests_properties(autotune.tool PROPERTIES
+  LABELS "mpi"
+  TIMEOUT 300
+  ENVIRONMENT "${_TD_MPI_TEST_ENV};MPIEXEC=${MPIEXEC_EXECUTABLE}")

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# td-autotune and the tuner it drives, on a temporary cache directory (CTest test autotune.tool):
+#   show / clear list and remove the tuner's entries and nothing else;
+#   measure stores an entry (or says why not: a noisy measurement is not kept);
+#   the "auto buckets" line is printed once per job, by rank 0, not once per rank;
+#   a cached cap that is clearly wrong (1 KiB) fails its spot check and is measured again.
+#   usage: test/autotune/check_td_autotune.sh <td-autotune> [mpiexec flags...]
+# Honours MPIEXEC.
+set -euo pipefail
+
+tool=${1:?usage: check_td_autotune.sh <td-autotune> [mpiexec flags...]}
+shift
+mpi=("${MPIEXEC:-mpirun}" "$@")
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/td_autotune.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+export TD_CACHE_DIR=$tmp/cache
+unset TD_AUTOTUNE_CACHE TD_AUTOTUNE_REFRESH TD_LOG_LEVEL
+
+fail() {
+  echo "check_td_autotune: $*" >&2
+  exit 1
+}
+step() { printf '\n== %s\n' "$*"; }
+
+step "show on a directory that does not exist yet"
+out=$("$tool" show)
+echo "$out"
+grep -qF "cache directory: $TD_CACHE_DIR (0 entries)" <<<"$out" || fail "show: wrong empty listing"
+
+step "show and clear: the tuner's entries, and only those"
+mkdir -p "$TD_CACHE_DIR"
+printf '1048576 262144\n# cap 1024 KiB, leaves of 256 KiB or more sent alone\n' \
+  >"$TD_CACHE_DIR/buckets-v3-2ranks-00000000000000aa"
+printf 'not ours\n' >"$TD_CACHE_DIR/notes.txt"
+out=$("$tool" show)
+echo "$out"
+grep -qF "(1 entry)" <<<"$out" || fail "show: expected 1 entry"
+grep -qF "cap 1024 KiB, leaves of 256 KiB or more sent alone" <<<"$out" || fail "show: no cap"
+if grep -q notes.txt <<<"$out"; then fail "show lists a file that is not the tuner's"; fi
+out=$("$tool" clear)
+echo "$out"
+grep -qF "removed 1 entry from $TD_CACHE_DIR" <<<"$out" || fail "clear: wrong report"
+[[ ! -e $TD_CACHE_DIR/buckets-v3-2ranks-00000000000000aa ]] || fail "clear left the entry"
+[[ -e $TD_CACHE_DIR/notes.txt ]] || fail "clear removed a file that is not the tuner's"
+"$tool" show | grep -qF "(0 entries)" || fail "show after clear: not empty"
+
+# One "auto buckets" line per job, from rank 0.
+auto_lines() {
+  local lines
+  lines=$(grep -F 'auto buckets:' <<<"$1" || true)
+  [[ $(grep -c . <<<"$lines") -eq 1 ]] || fail "expected one 'auto buckets' line, got:"$'\n'"$lines"
+  grep -q '^\[td rank 0 info\] auto buckets:' <<<"$lines" || fail "the line is not rank 0's: $lines"
+}
+
+step "measure at 2 ranks"
+status=0
+out=$("${mpi[@]}" -np 2 "$tool" measure 2>&1) || status=$?
+echo "$out"
+auto_lines "$out"
+file=$(grep -oE "$TD_CACHE_DIR/buckets-[^ )]+" <<<"$out" | head -n 1)
+[[ -n $file ]] || fail "measure: the log line names no cache file"
+case $status in
+  0)
+    grep -qF "stored: $file" <<<"$out" || fail "measure: 'stored: $file' missing"
+    "$tool" show | grep -qE "measured .* 2 ranks" || fail "show: the new entry has no notes"
+    ;;
+  3)
+    grep -qF "NOT cached: the machine looks busy (" <<<"$out" || fail "measure: exit 3 without a reason"
+    [[ ! -e $file ]] || fail "measure: a noisy measurement was stored"
+    ;;
+  *) fail "measure: exit status $status" ;;
+esac
+
+step "a cached cap of 1 KiB fails the spot check and is measured again"
+printf '1024 1024\n' >"$file"
+out=$("${mpi[@]}" -np 2 "$tool" check 2>&1)
+echo "$out"
+auto_lines "$out"
+grep -qF "the cached cap 1 KiB ($file) is off" <<<"$out" || fail "check: the 1 KiB cap was kept"
+grep -qF "measured again" <<<"$out" || fail "check: not measured again"
+if grep -qF "measured again: measured (" <<<"$out"; then
+  [[ $(head -c 5 "$file") != "1024 " ]] || fail "check: a clean re-measurement was not stored"
+fi
+
+step "one line per job at 3 ranks too (no cache)"
+out=$(TD_AUTOTUNE_CACHE=0 "${mpi[@]}" -np 3 "$tool" check 2>&1)
+echo "$out"
+auto_lines "$out"
+grep -qF "not cached: TD_AUTOTUNE_CACHE=0" <<<"$out" ||
+  grep -qF "NOT cached: the machine looks busy" <<<"$out" || fail "check: cache-off not reported"
+
+step "measure needs 2 ranks or more"
+status=0
+out=$("${mpi[@]}" -np 1 "$tool" measure 2>&1) || status=$?
+echo "$out"
+[[ $status -ne 0 ]] || fail "measure at 1 rank succeeded"
+grep -qF "2 ranks or more" <<<"$out" || fail "measure at 1 rank: no explanation"
+echo "check_td_autotune: ok"
