@@ -72,11 +72,16 @@ case $status in
 esac
 
 step "a cached cap of 1 KiB fails the spot check and is measured again"
-printf '1024 1024\n' >"$file"
-out=$("${mpi[@]}" -np 2 "$tool" check 2>&1)
-echo "$out"
-auto_lines "$out"
-grep -qF "the cached cap 1 KiB ($file) is off" <<<"$out" || fail "check: the 1 KiB cap was kept"
+# The spot check keeps a cached cap unless a neighbour wins in every pass, so a pass in which the
+# 16 KiB neighbour was preempted on every repetition keeps it: on a loaded machine, try again.
+for attempt in 1 2 3; do
+  printf '1024 1024\n' >"$file"
+  out=$("${mpi[@]}" -np 2 "$tool" check 2>&1)
+  echo "$out"
+  auto_lines "$out"
+  grep -qF "the cached cap 1 KiB ($file) is off" <<<"$out" && break
+  ((attempt < 3)) || fail "check: the 1 KiB cap was kept three times"
+done
 grep -qF "measured again" <<<"$out" || fail "check: not measured again"
 if grep -qF "measured again: measured (" <<<"$out"; then
   [[ $(head -c 5 "$file") != "1024 " ]] || fail "check: a clean re-measurement was not stored"
