@@ -123,7 +123,7 @@ format-check:
 	$(if $(CXX_FILES),$(CLANG_FORMAT) --dry-run -Werror $(CXX_FILES),@echo "format-check: no C++ files")
 
 lint: configure
-	$(CLANG_TIDY) -p $(BUILD_DIR) --quiet --warnings-as-errors='*' --extra-arg=-Wno-unknown-warning-option $(wildcard src/*.cpp)
+	$(CLANG_TIDY) -p $(BUILD_DIR) --quiet --warnings-as-errors='*' --extra-arg=-Wno-unknown-warning-option $(wildcard src/*/*.cpp)
 
 clean:
 	rm -rf $(BUILD_DIR)

@@ -25,7 +25,7 @@
 
 #include <tensordict/tensordict.hpp>
 
-#include "autotune_model.hpp"
+#include "comm/autotune_model.hpp"
 
 namespace {
 

@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "autotune_model.hpp"
+#include "comm/autotune_model.hpp"
 
 namespace autotune = td::detail::autotune;
 using autotune::Timings;

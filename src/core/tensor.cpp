@@ -15,8 +15,8 @@
 
 #include <fmt/ranges.h>
 
-#include "config.hpp"
-#include "tensor_internal.hpp"
+#include "core/config.hpp"
+#include "core/tensor_internal.hpp"
 
 namespace td {
 

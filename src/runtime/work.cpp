@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "runtime.hpp"
+#include "runtime/runtime.hpp"
 
 namespace td {
 

@@ -15,9 +15,9 @@
 
 #include <fmt/format.h>
 
-#include "config.hpp"
-#include "log.hpp"
-#include "runtime.hpp"
+#include "core/config.hpp"
+#include "runtime/log.hpp"
+#include "runtime/runtime.hpp"
 #include "tensordict/errors.hpp"
 
 namespace td::detail {

@@ -1,4 +1,4 @@
-#include "collective_engine.hpp"
+#include "comm/collective_engine.hpp"
 
 #include <algorithm>
 #include <climits>
@@ -8,8 +8,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "config.hpp"
-#include "log.hpp"
+#include "core/config.hpp"
+#include "runtime/log.hpp"
 
 namespace td {
 

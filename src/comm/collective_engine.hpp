@@ -9,8 +9,8 @@
 #include <string_view>
 #include <vector>
 
-#include "dict_internal.hpp"
-#include "runtime.hpp"
+#include "core/dict_internal.hpp"
+#include "runtime/runtime.hpp"
 
 namespace td::detail {
 

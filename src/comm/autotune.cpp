@@ -47,10 +47,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "autotune_model.hpp"
-#include "collective_engine.hpp"
-#include "config.hpp"
-#include "log.hpp"
+#include "comm/autotune_model.hpp"
+#include "comm/collective_engine.hpp"
+#include "core/config.hpp"
+#include "runtime/log.hpp"
 
 namespace td::detail {
 

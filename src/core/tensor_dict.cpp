@@ -12,8 +12,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "dict_internal.hpp"
-#include "tensor_internal.hpp"
+#include "core/dict_internal.hpp"
+#include "core/tensor_internal.hpp"
 
 namespace td {
 

@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "tensor_internal.hpp"
+#include "core/tensor_internal.hpp"
 
 namespace td {
 

@@ -9,9 +9,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "config.hpp"
-#include "log.hpp"
-#include "runtime.hpp"
+#include "core/config.hpp"
+#include "runtime/log.hpp"
+#include "runtime/runtime.hpp"
 #include "tensordict/errors.hpp"
 
 namespace td {

@@ -15,7 +15,7 @@
 
 #include <mpi.h>
 
-#include "tensor_internal.hpp"
+#include "core/tensor_internal.hpp"
 #include "tensordict/bucket_plan.hpp"
 #include "tensordict/collectives.hpp"
 #include "tensordict/process_group.hpp"

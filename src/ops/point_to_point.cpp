@@ -26,7 +26,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "collective_engine.hpp"
+#include "comm/collective_engine.hpp"
 #include "tensordict/tensor_dict.hpp"
 
 namespace td {

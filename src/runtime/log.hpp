@@ -4,7 +4,7 @@
 #include <string>
 #include <utility>
 
-#include "config.hpp"
+#include "core/config.hpp"
 
 namespace td::detail {
 

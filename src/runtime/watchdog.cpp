@@ -17,7 +17,7 @@
 
 #include <fmt/format.h>
 
-#include "runtime.hpp"
+#include "runtime/runtime.hpp"
 #include "tensordict/process_group.hpp"
 
 namespace td::detail {

@@ -1,4 +1,4 @@
-#include "log.hpp"
+#include "runtime/log.hpp"
 
 #include <cstdio>
 
