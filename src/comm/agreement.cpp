@@ -1,0 +1,262 @@
+// The agreement across ranks (one fingerprint collective before any data moves; the same
+// exception on every rank after a mismatch), plan lookup and prepare_collective.
+#include <algorithm>
+#include <climits>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "comm/engine_internal.hpp"
+#include "core/config.hpp"
+#include "runtime/log.hpp"
+
+namespace td::detail {
+
+namespace {
+
+std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+std::string leaf_str(const LeafLayout& l, std::span<const LeafRef> leaves) {
+  std::string s = fmt::format("{}{}", name(l.dtype), shape_str(l.shape));
+  if (l.sparse) s += " sparse";
+  if (!l.contiguous && !l.sparse) s += " non-contiguous";
+  if (l.alias_of >= 0)
+    s += fmt::format(" alias of '{}'", leaves[static_cast<std::size_t>(l.alias_of)].key->str());
+  return s;
+}
+
+std::string cap_str(std::optional<std::size_t> cap) {
+  if (!cap) return "none";
+  if (*cap == kAutoBucketBytes) return "auto";
+  return std::to_string(*cap);
+}
+
+}  // namespace
+
+// Everything a call's ranks must agree on besides the layout, as one line: the arguments and
+// options that change which MPI calls run (async_op: nonblocking calls do not match blocking
+// ones) and the settings read from each process's environment that do the same.
+std::string call_header(const CollectiveCall& call, std::optional<std::size_t> cap, bool async_op,
+                        int group_size) {
+  std::string h = fmt::format("{}(", call.name);
+  if (reduces(call.kind)) h += fmt::format("op={}, ", name(call.op));
+  if (has_root(call.kind)) h += fmt::format("{}={}, ", root_name(call.kind), call.root);
+  h += fmt::format("bucket_bytes={}, async_op={}) in a group of {}", cap_str(cap), async_op,
+                   group_size);
+  const Config& c = config();
+  h += fmt::format(" with TD_CHECK_LAYOUT={} TD_SYNC_PIPELINE={}", int{c.check_layout},
+                   int{c.sync_pipeline});
+  return h;
+}
+
+std::vector<std::string> split_lines(const std::string& s) {
+  std::vector<std::string> out;
+  std::size_t start = 0, pos;
+  while ((pos = s.find('\n', start)) != std::string::npos) {
+    out.push_back(s.substr(start, pos - start));
+    start = pos + 1;
+  }
+  if (start < s.size()) out.push_back(s.substr(start));
+  return out;
+}
+
+// Lists which ranks hold which text: "rank 0, 2: float32[3]; rank 1: int64[3]".
+std::string by_rank(const std::vector<std::string>& texts) {
+  std::vector<std::pair<std::string, std::vector<int>>> groups;
+  for (std::size_t r = 0; r < texts.size(); ++r) {
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& g) { return g.first == texts[r]; });
+    if (it == groups.end()) {
+      groups.push_back({texts[r], {static_cast<int>(r)}});
+    } else {
+      it->second.push_back(static_cast<int>(r));
+    }
+  }
+  std::string out;
+  for (const auto& [text, ranks] : groups) {
+    if (!out.empty()) out += "; ";
+    out += fmt::format("rank{} {}: {}", ranks.size() > 1 ? "s" : "", fmt::join(ranks, ", "), text);
+  }
+  return out;
+}
+
+// Slow path after a failed fingerprint check: every rank gathers every rank's description and
+// throws the same error.
+[[noreturn]] void explain_disagreement(GroupState& g, const CollectiveCall& call,
+                                       const std::string& header, const std::string& arg_error,
+                                       std::span<const LeafRef> leaves, const Analysis& a,
+                                       Clock::time_point deadline) {
+  std::string desc = header + "\n" + arg_error + "\n";
+  for (std::size_t i = 0; i < leaves.size(); ++i)
+    desc += leaves[i].key->str() + "\t" + leaf_str(a.layout[i], leaves) + "\n";
+  auto lens = std::make_shared<std::vector<int>>(static_cast<std::size_t>(g.size));
+  int my_len = static_cast<int>(desc.size());
+  MPI_Request req = MPI_REQUEST_NULL;
+  auto describe = [&] {
+    return fmt::format(
+        "{}: ranks disagree on the layout, and gathering the details did not complete", call.name);
+  };
+  TD_MPI_CHECK(MPI_Iallgather(&my_len, 1, MPI_INT, lens->data(), 1, MPI_INT, g.comm, &req));
+  wait_until(req, deadline, describe, lens);
+  std::vector<int> displs(lens->size(), 0);
+  for (std::size_t r = 1; r < lens->size(); ++r) displs[r] = displs[r - 1] + (*lens)[r - 1];
+  auto all =
+      std::make_shared<std::string>(static_cast<std::size_t>(displs.back() + lens->back()), '\0');
+  auto mine = std::make_shared<std::string>(desc);
+  TD_MPI_CHECK(MPI_Iallgatherv(mine->data(), my_len, MPI_CHAR, all->data(), lens->data(),
+                               displs.data(), MPI_CHAR, g.comm, &req));
+  wait_until(req, deadline, describe,
+             std::make_shared<std::pair<decltype(all), decltype(mine)>>(all, mine));
+
+  std::vector<std::vector<std::string>> lines;
+  for (std::size_t r = 0; r < lens->size(); ++r)
+    lines.push_back(split_lines(
+        all->substr(static_cast<std::size_t>(displs[r]), static_cast<std::size_t>((*lens)[r]))));
+  const std::size_t ranks = lines.size();
+  auto line_at = [&](std::size_t r, std::size_t i) {
+    return i < lines[r].size() ? lines[r][i] : std::string();
+  };
+
+  // Bad arguments anywhere: every rank reports the first rank's error as std::invalid_argument.
+  for (std::size_t r = 0; r < ranks; ++r) {
+    const std::string err = line_at(r, 1);
+    if (!err.empty())
+      throw std::invalid_argument(
+          fmt::format("{}: invalid argument on rank {}: {}", call.name, r, err));
+  }
+  std::vector<std::string> headers;
+  for (std::size_t r = 0; r < ranks; ++r) headers.push_back(line_at(r, 0));
+  if (std::adjacent_find(headers.begin(), headers.end(), std::not_equal_to<>()) != headers.end())
+    throw LayoutMismatchError(fmt::format("{}: ranks called different collectives or arguments: {}",
+                                          call.name, by_rank(headers)));
+
+  std::size_t longest = 0;
+  for (const auto& l : lines) longest = std::max(longest, l.size());
+  for (std::size_t i = 2; i < longest; ++i) {
+    std::vector<std::string> at;
+    for (std::size_t r = 0; r < ranks; ++r) at.push_back(line_at(r, i));
+    if (std::adjacent_find(at.begin(), at.end(), std::not_equal_to<>()) == at.end()) continue;
+    // First differing position: name the smallest key present there, and what each rank holds for
+    // it.
+    std::string key;
+    for (const auto& s : at) {
+      if (s.empty()) continue;
+      std::string k = s.substr(0, s.find('\t'));
+      if (key.empty() || k < key) key = k;
+    }
+    std::vector<std::string> holds;
+    for (std::size_t r = 0; r < ranks; ++r) {
+      std::string found = "no such key";
+      for (std::size_t j = 2; j < lines[r].size(); ++j) {
+        const auto tab = lines[r][j].find('\t');
+        if (lines[r][j].substr(0, tab) == key) found = lines[r][j].substr(tab + 1);
+      }
+      holds.push_back(found);
+    }
+    throw LayoutMismatchError(
+        fmt::format("{}: the ranks' TensorDicts differ at key '{}': {} (no data was sent)",
+                    call.name, key, by_rank(holds)));
+  }
+  throw LayoutMismatchError(
+      fmt::format("{}: the ranks' layouts hash differently but print identically", call.name));
+}
+
+// One small collective: do all ranks hold the same fingerprint? (MAX of h and of ~h: both equal
+// the local values on every rank exactly when all fingerprints are equal.) The same MAX says
+// whether every rank's leaves are one span per dtype (returned; no extra message).
+bool agree(GroupState& g, const CollectiveCall& call, std::optional<std::size_t> cap, bool async_op,
+           const std::string& arg_error, std::span<const LeafRef> leaves, const Analysis& a,
+           Clock::time_point deadline) {
+  const std::string header = call_header(call, cap, async_op, g.size);
+  // TD_CHECK_LAYOUT=0 leaves the layout out of the fingerprint (not the round itself: the
+  // arguments, the settings and local errors are still agreed, and the message sequence of a
+  // call is the same whatever the setting).
+  std::uint64_t h = config().check_layout ? a.layout_hash : 0x6c61796f7574ull;
+  for (unsigned char c : header) h = mix(h, c);
+  for (unsigned char c : arg_error) h = mix(h, c);
+  auto buf = std::make_shared<std::array<std::uint64_t, 3>>();
+  (*buf)[0] = h;
+  (*buf)[1] = ~h;
+  (*buf)[2] = a.memory->one_span_per_dtype ? 0 : 1;
+  MPI_Request req = MPI_REQUEST_NULL;
+  TD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf->data(), 3, MPI_UINT64_T, MPI_MAX, g.comm, &req));
+  wait_until(
+      req, deadline,
+      [&] {
+        return fmt::format(
+            "{}: not every rank of the group of {} joined the collective (first key '{}')",
+            call.name, g.size, leaves.empty() ? std::string("<none>") : leaves[0].key->str());
+      },
+      buf);
+  if ((*buf)[0] != h || (*buf)[1] != ~h)
+    explain_disagreement(g, call, header, arg_error, leaves, a, deadline);
+  return (*buf)[2] == 0;
+}
+
+std::shared_ptr<const BucketPlan> plan_for(GroupState& g, const Analysis& a,
+                                           std::optional<std::size_t> cap,
+                                           std::size_t direct_bytes) {
+  std::uint64_t key = mix(mix(a.layout_hash, cap ? *cap : 0x7fffffffffffffffull), direct_bytes);
+  std::lock_guard lock(g.mu);
+  auto it = g.plans.find(key);
+  if (it != g.plans.end()) {
+    note_plan(true);
+    return it->second;
+  }
+  auto plan = std::make_shared<const BucketPlan>(BucketPlan::build(a.layout, cap, 0, direct_bytes));
+  if (g.plans.size() > 256) g.plans.clear();  // a program cycling through many layouts
+  g.plans.emplace(key, plan);
+  note_plan(false);
+  return plan;
+}
+
+std::optional<std::size_t> requested_cap(const CollectiveOptions& opts, bool from_dict) {
+  if (!from_dict) return std::nullopt;
+  return opts.bucket_bytes ? opts.bucket_bytes : config().bucket_bytes;
+}
+
+PreparedCollective prepare_collective(std::span<const LeafRef> leaves, const CollectiveCall& call,
+                                      const CollectiveOptions& opts, std::string extra_arg_error,
+                                      LayoutCache* cache) {
+  std::shared_ptr<GroupState> g = group_of(opts);
+  g->checked_comm(call.name);
+  const auto timeout = timeout_of(opts);
+  std::string arg_error;
+  if (timeout.count() <= 0)
+    note_error(arg_error, fmt::format("timeout must be positive (got {} ms)", timeout.count()));
+  // A bad timeout still needs a deadline for the agreement that reports it.
+  const auto deadline = deadline_after(timeout.count() > 0 ? timeout : timeout_of({}));
+
+  std::optional<std::size_t> cap = requested_cap(opts, call.from_dict);
+  Analysis scratch;
+  const Analysis& a = analyse_cached(leaves, cache, scratch);
+  note_error(arg_error, a.arg_error);
+  note_error(arg_error, check_ops(leaves, a, call));
+  if (cap && *cap == 0)
+    note_error(arg_error, "bucket_bytes must be positive (or td::kAutoBucketBytes)");
+  if (has_root(call.kind) && (call.root < 0 || call.root >= g->size))
+    note_error(arg_error, fmt::format("{} {} is out of range for a group of {} ranks",
+                                      root_name(call.kind), call.root, g->size));
+  if (!extra_arg_error.empty()) note_error(arg_error, std::move(extra_arg_error));
+  // The agreement always runs in a group of several ranks: it is what makes a local error, a
+  // differing argument or setting, the same error on every rank instead of a hang.
+  bool spans_everywhere = a.memory->one_span_per_dtype;
+  if (g->size > 1)
+    spans_everywhere = agree(*g, call, cap, opts.async_op, arg_error, leaves, a, deadline);
+  if (!arg_error.empty()) throw std::invalid_argument(fmt::format("{}: {}", call.name, arg_error));
+
+  std::size_t direct_bytes = 0;
+  if (cap && *cap == kAutoBucketBytes) {
+    const TunedBuckets tuned = tuned_buckets(*g, deadline);
+    cap = tuned.cap;
+    direct_bytes = tuned.direct_bytes;
+  }
+  auto plan = plan_for(*g, a, cap, direct_bytes);
+  log_debug([&] {
+    return fmt::format("{}: {}", call_header(call, cap, opts.async_op, g->size), plan->describe());
+  });
+  return {std::move(g), std::move(plan), deadline, a.memory, spans_everywhere && cap.has_value()};
+}
+
+}  // namespace td::detail

@@ -1,0 +1,116 @@
+// Internals of the comm layer, shared by its files and ops/reduce.cpp (not installed):
+//   layout.cpp     the local analysis of a call's leaves and the per-dict layout cache
+//   agreement.cpp  the agreement across ranks, plan lookup, prepare_collective
+//   packer.cpp     copies between leaves and bucket buffers
+//   runner.cpp     BucketRunner, the sync in-place path, async all_reduce/reduce/broadcast, stats
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "comm/collective_engine.hpp"
+
+namespace td::detail {
+
+using Clock = std::chrono::steady_clock;
+
+inline std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  return h * 0xff51afd7ed558ccdull;
+}
+
+/// Keeps the first error found.
+inline void note_error(std::string& err, std::string msg) {
+  if (err.empty()) err = std::move(msg);
+}
+
+// ---- layout.cpp ------------------------------------------------------------------------------
+
+/// What a rank knows of its leaves before the agreement.
+struct Analysis {
+  std::uint32_t dtype_mask = 0;  // bit d set when some leaf has dtype d
+  bool any_sparse = false;
+  std::vector<LeafLayout> layout;
+  std::string arg_error;          // first bad argument found on this rank ("" if none)
+  std::uint64_t layout_hash = 0;  // keys + layouts: the plan cache key
+  // Where each dense leaf's elements start, and its storage (null for undefined and sparse
+  // leaves): stable while the layout ids are, so the packer reads flat arrays instead of
+  // chasing dict entry -> tensor -> storage for every leaf of every call.
+  std::shared_ptr<LeafMemory> memory;
+};
+
+// What a dict remembers of its last collective's analysis: valid while its canonical order is
+// unchanged and every leaf still has the same storage, offset, dtype, shape and strides.
+struct LayoutCache {
+  std::uint64_t generation = 0;           // of the dict's canonical order the snapshots follow
+  std::uint64_t generation_now = 0;       // set by the caller: the order's generation for this call
+  std::uint64_t stamp = 0;                // the dict's leaf stamp when the ids were last compared
+  std::uint64_t stamp_now = 0;            // set by the caller: DictAccess::leaf_stamp for this call
+  std::vector<std::uint64_t> layout_ids;  // of every leaf when `analysis` was made
+  Analysis analysis;
+};
+
+/// The dict's layout cache, told the order generation and leaf stamp of this call (after
+/// DictAccess::canonical(d)).
+LayoutCache& layout_cache_for_call(const TensorDict& d);
+
+/// The analysis of `leaves`, from `cache` while no leaf changed (else computed, into `scratch`
+/// when there is no cache).
+const Analysis& analyse_cached(std::span<const LeafRef> leaves, LayoutCache* cache,
+                               Analysis& scratch);
+/// The op-dependent checks ("" or the first problem, naming the key).
+std::string check_ops(std::span<const LeafRef> leaves, const Analysis& a,
+                      const CollectiveCall& call);
+
+// ---- agreement.cpp ---------------------------------------------------------------------------
+
+/// The call's header line: everything agreed besides the layout.
+std::string call_header(const CollectiveCall& call, std::optional<std::size_t> cap, bool async_op,
+                        int group_size);
+
+// ---- packer.cpp ------------------------------------------------------------------------------
+
+/// bucket_is_contiguous_in_memory on the flat LeafMemory arrays (the sync path).
+bool bucket_is_contiguous_in_memory(const BucketPlan::Bucket& b, const LeafMemory& m);
+/// Copies a bucket's contiguous leaves into `buf` / back from it, from the flat arrays; merges
+/// leaves that lie back to back and copies small leaves with inlined moves.
+void pack_slots(const BucketPlan::Bucket& b, const LeafMemory& m, std::byte* buf);
+void unpack_slots(const BucketPlan::Bucket& b, const LeafMemory& m, const std::byte* buf);
+
+// ---- runner.cpp ------------------------------------------------------------------------------
+
+struct Roles {
+  bool sends;     // this rank's data is an input
+  bool receives;  // this rank holds the result afterwards
+};
+
+// Whether this rank divides its result by the group size afterwards (AVG is a SUM, then a
+// division on the ranks that hold the result).
+/// Whether this rank divides its result by the group size afterwards (AVG = SUM, then a
+/// division on the ranks that hold the result).
+bool divides_result(const CollectiveCall& call, Roles roles);
+/// This rank's roles in an in-place collective (all_reduce, reduce, broadcast).
+Roles roles_of(const CollectiveCall& call, int rank);
+/// Posts (req) or runs (req null) one message of an in-place collective.
+void start_or_run(const CollectiveCall& call, int rank, MPI_Comm comm, std::byte* p, int count,
+                  DType dtype, MPI_Request* req);
+/// Packer statistics.
+void note_extra_bytes(std::size_t n);
+void note_plan(bool hit);
+/// Every rank consolidated: each dtype's span in place.
+void run_spans(const BucketPlan& plan, const CollectiveCall& call, GroupState& g,
+               const LeafMemory& mem);
+/// The sync bucketed path: one reused pack buffer, in-place buckets where possible.
+void run_sync(const std::shared_ptr<const BucketPlan>& plan_ptr, std::span<const LeafRef> leaves,
+              const CollectiveCall& call, GroupState& g, const LeafMemory& mem);
+/// Async all_reduce / reduce / broadcast: one Work per bucket.
+std::vector<Work> run_async(const BucketPlan& plan, std::span<const LeafRef> leaves,
+                            const CollectiveCall& call, const std::shared_ptr<GroupState>& g,
+                            Clock::time_point deadline);
+
+}  // namespace td::detail

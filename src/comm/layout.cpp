@@ -1,0 +1,261 @@
+// The local analysis of a call's leaves (layouts, aliases, consolidated spans, the layout
+// hash) and the per-dict cache of it.
+#include <algorithm>
+#include <climits>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "comm/engine_internal.hpp"
+#include "core/config.hpp"
+#include "runtime/log.hpp"
+
+namespace td::detail {
+
+namespace {
+
+// Element offsets (in bytes from the storage start) of a strided view, sorted.
+std::vector<std::int64_t> element_offsets(const Tensor& t) {
+  std::vector<std::int64_t> out;
+  const auto isz = static_cast<std::int64_t>(itemsize(t.dtype()));
+  const Shape& shape = t.shape();
+  const Shape& strides = t.strides();
+  std::vector<std::int64_t> idx(shape.size(), 0);
+  const std::int64_t base = TensorAccess::byte_offset(t);
+  for (std::int64_t n = 0, total = t.numel(); n < total; ++n) {
+    std::int64_t off = 0;
+    for (std::size_t k = 0; k < shape.size(); ++k) off += idx[k] * strides[k];
+    out.push_back(base + off * isz);
+    for (std::size_t k = shape.size(); k-- > 0;) {
+      if (++idx[k] < shape[k]) break;
+      idx[k] = 0;
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Finds keys that view the same elements (reduced once: later ones become aliases) and rejects
+// keys whose views overlap without being identical.
+void find_aliases(std::span<const LeafRef> leaves, Analysis& a) {
+  struct Extent {
+    const Storage* storage;
+    std::int64_t lo, hi;
+    std::size_t leaf;
+  };
+  std::vector<Extent> ext;
+  for (std::size_t i = 0; i < leaves.size(); ++i) {
+    const Tensor& t = *leaves[i].tensor;
+    if (!t.defined() || t.is_sparse() || t.numel() == 0) continue;
+    if (TensorAccess::storage_use_count(t) < 2) continue;  // nobody else holds this storage
+    const auto isz = static_cast<std::int64_t>(itemsize(t.dtype()));
+    std::int64_t span = 0;
+    for (std::size_t k = 0; k < t.shape().size(); ++k) span += (t.shape()[k] - 1) * t.strides()[k];
+    const std::int64_t lo = TensorAccess::byte_offset(t);
+    ext.push_back({TensorAccess::storage(t), lo, lo + (span + 1) * isz, i});
+  }
+  if (ext.size() < 2) return;
+  auto by_place = [](const Extent& x, const Extent& y) {
+    return std::tie(x.storage, x.lo, x.leaf) < std::tie(y.storage, y.lo, y.leaf);
+  };
+  if (!std::is_sorted(ext.begin(), ext.end(), by_place))
+    std::sort(ext.begin(), ext.end(), by_place);
+  std::vector<std::size_t>
+      active;  // earlier extents of this storage that may reach the current one
+  for (std::size_t e = 0; e < ext.size(); ++e) {
+    if (e > 0 && ext[e].storage != ext[e - 1].storage) active.clear();
+    const Extent& cur = ext[e];
+    std::erase_if(active, [&](std::size_t p) { return ext[p].hi <= cur.lo; });
+    for (std::size_t p : active) {
+      const Tensor& x = *leaves[ext[p].leaf].tensor;
+      const Tensor& y = *leaves[cur.leaf].tensor;
+      const bool identical = ext[p].lo == cur.lo && x.dtype() == y.dtype() &&
+                             x.shape() == y.shape() && x.strides() == y.strides();
+      if (identical) {
+        // the first key in canonical order owns the region; ext is sorted by leaf among equals
+        const std::size_t owner = a.layout[ext[p].leaf].alias_of >= 0
+                                      ? static_cast<std::size_t>(a.layout[ext[p].leaf].alias_of)
+                                      : ext[p].leaf;
+        a.layout[cur.leaf].alias_of = static_cast<std::int64_t>(owner);
+        break;
+      }
+      bool overlap = x.is_contiguous() && y.is_contiguous();
+      if (!overlap) {
+        const auto ox = element_offsets(x), oy = element_offsets(y);
+        std::vector<std::int64_t> common;
+        std::set_intersection(ox.begin(), ox.end(), oy.begin(), oy.end(),
+                              std::back_inserter(common));
+        overlap = !common.empty();
+      }
+      if (overlap) {
+        note_error(
+            a.arg_error,
+            fmt::format("keys '{}' and '{}' hold overlapping but different views of one storage; "
+                        "reducing both would count shared elements twice",
+                        leaves[ext[p].leaf].key->str(), leaves[cur.leaf].key->str()));
+      }
+    }
+    if (a.layout[cur.leaf].alias_of < 0) active.push_back(e);
+  }
+}
+
+// Whether each dtype's reduced dense leaves lie back to back, in canonical order, in one storage
+// (LeafMemory::spans). The leaves a plan skips (aliases, empty) and sparse leaves do not count.
+void find_spans(Analysis& a) {
+  LeafMemory& m = *a.memory;
+  m.spans.clear();
+  m.one_span_per_dtype = false;
+  std::array<int, kNumDTypes> span_of{};
+  span_of.fill(-1);
+  std::array<const Storage*, kNumDTypes> storage_of{};
+  for (std::size_t i = 0; i < a.layout.size(); ++i) {
+    const LeafLayout& l = a.layout[i];
+    if (m.data[i] == nullptr || l.sparse || l.alias_of >= 0) continue;  // undefined, sparse, alias
+    const std::size_t n = l.nbytes();
+    if (n == 0) continue;
+    if (!l.contiguous) return;
+    const auto d = static_cast<std::size_t>(l.dtype);
+    if (span_of[d] < 0) {
+      span_of[d] = static_cast<int>(m.spans.size());
+      storage_of[d] = m.storage[i];
+      m.spans.push_back({l.dtype, m.data[i], n});
+      continue;
+    }
+    auto& sp = m.spans[static_cast<std::size_t>(span_of[d])];
+    if (m.storage[i] != storage_of[d] || m.data[i] != sp.data + sp.nbytes) return;
+    sp.nbytes += n;
+  }
+  m.one_span_per_dtype = true;
+}
+
+// The op-independent part: layouts, aliasing, undefined leaves, the layout hash.
+Analysis analyse_layout(std::span<const LeafRef> leaves) {
+  Analysis a;
+  a.layout.resize(leaves.size());
+  std::uint64_t h = 0x51ed270b27ull;
+  for (std::size_t i = 0; i < leaves.size(); ++i) {
+    const Tensor& t = *leaves[i].tensor;
+    LeafLayout& l = a.layout[i];
+    if (!t.defined()) {
+      note_error(a.arg_error,
+                 fmt::format("key '{}' holds an undefined tensor", leaves[i].key->str()));
+      continue;
+    }
+    l.dtype = t.dtype();
+    l.shape = t.shape();
+    l.sparse = t.is_sparse();
+    l.contiguous = !l.sparse && t.is_contiguous();
+    a.dtype_mask |= 1u << static_cast<unsigned>(l.dtype);
+    a.any_sparse = a.any_sparse || l.sparse;
+  }
+  a.memory = std::make_shared<LeafMemory>();
+  a.memory->data.resize(leaves.size(), nullptr);
+  a.memory->storage.resize(leaves.size(), nullptr);
+  for (std::size_t i = 0; i < leaves.size(); ++i) {
+    const Tensor& t = *leaves[i].tensor;
+    if (!t.defined() || a.layout[i].sparse) continue;
+    a.memory->data[i] = TensorAccess::data(t, itemsize(t.dtype()));
+    a.memory->storage[i] = TensorAccess::storage(t);
+  }
+  find_aliases(leaves, a);
+  find_spans(a);
+  for (std::size_t i = 0; i < leaves.size(); ++i) {
+    const LeafLayout& l = a.layout[i];
+    h = mix(h, leaves[i].key_hash);
+    h = mix(h, static_cast<std::uint64_t>(l.dtype) | (std::uint64_t{l.contiguous} << 8) |
+                   (std::uint64_t{l.sparse} << 9) |
+                   (static_cast<std::uint64_t>(l.alias_of + 1) << 10));
+    h = mix(h, l.shape.size());
+    for (auto s : l.shape) h = mix(h, static_cast<std::uint64_t>(s));
+  }
+  a.layout_hash = mix(h, leaves.size());
+  return a;
+}
+
+}  // namespace
+
+// The op-dependent checks. Only when some dtype present does not support the op, or a sparse
+// leaf is present, does it walk the leaves to name the first offending key.
+std::string check_ops(std::span<const LeafRef> leaves, const Analysis& a,
+                      const CollectiveCall& call) {
+  bool all_supported = true;
+  if (reduces(call.kind))
+    for (std::size_t d = 0; d < kNumDTypes; ++d)
+      if ((a.dtype_mask >> d & 1u) && !supports(call.op, static_cast<DType>(d)))
+        all_supported = false;
+  if (all_supported && !a.any_sparse) return {};
+  std::string err;
+  for (std::size_t i = 0; i < leaves.size() && err.empty(); ++i) {
+    const LeafLayout& l = a.layout[i];
+    if (!leaves[i].tensor->defined()) continue;
+    if (reduces(call.kind) && !supports(call.op, l.dtype))
+      err = fmt::format("op {} is not defined for dtype {} (key '{}')", name(call.op),
+                        name(l.dtype), leaves[i].key->str());
+    else if (l.sparse && !sparse_supported(call.kind))
+      err =
+          fmt::format("key '{}' is a sparse tensor, which {} does not support; to_dense() it first",
+                      leaves[i].key->str(), call.name);
+    else if (l.sparse && reduces(call.kind) && call.op != ReduceOp::SUM && call.op != ReduceOp::AVG)
+      err = fmt::format(
+          "op {} has no meaning for the sparse leaf '{}' (its missing entries are zeros); use SUM "
+          "or "
+          "AVG, or to_dense() it first",
+          name(call.op), leaves[i].key->str());
+  }
+  return err;
+}
+
+std::shared_ptr<LayoutCache> make_layout_cache() { return std::make_shared<LayoutCache>(); }
+
+// The dict's layout cache, told the order generation and leaf stamp of this call (after
+// DictAccess::canonical(d)).
+LayoutCache& layout_cache_for_call(const TensorDict& d) {
+  LayoutCache& cache = DictAccess::layout_cache(d);
+  cache.generation_now = DictAccess::canonical_generation(d);
+  cache.stamp_now = DictAccess::leaf_stamp(d);
+  return cache;
+}
+
+DictLeaves dict_leaves(const TensorDict& d, bool with_cache) {
+  DictLeaves out;
+  try {
+    out.leaves = DictAccess::canonical(d);
+    if (with_cache) out.cache = &layout_cache_for_call(d);
+  } catch (const Error& e) {  // a moved-from dict (or sub-dict)
+    out.leaves = {};
+    out.cache = nullptr;
+    out.error = e.what();
+  }
+  return out;
+}
+
+const Analysis& analyse_cached(std::span<const LeafRef> leaves, LayoutCache* cache,
+                               Analysis& scratch) {
+  const std::uint64_t generation = cache ? cache->generation_now : 0;
+  if (!cache) {
+    scratch = analyse_layout(leaves);
+    return scratch;
+  }
+  bool hit = cache->generation == generation && cache->layout_ids.size() == leaves.size();
+  // Same order, same leaf stamp: no leaf object was assigned, moved from or re-laid out since the
+  // ids were compared, so they still match (O(sub-dicts), computed by canonical()). Otherwise
+  // one load and compare per leaf (equal layout ids mean equal layouts).
+  if (hit && cache->stamp != cache->stamp_now) {
+    const std::uint64_t* ids = cache->layout_ids.data();
+    for (std::size_t i = 0; hit && i < leaves.size(); ++i)
+      hit = ids[i] == TensorAccess::layout_id(*leaves[i].tensor);
+  }
+  cache->stamp = cache->stamp_now;
+  if (!hit) {
+    cache->analysis = analyse_layout(leaves);
+    cache->layout_ids.clear();
+    cache->layout_ids.reserve(leaves.size());
+    for (const auto& ref : leaves)
+      cache->layout_ids.push_back(TensorAccess::layout_id(*ref.tensor));
+    cache->generation = generation;
+  }
+  return cache->analysis;
+}
+
+}  // namespace td::detail

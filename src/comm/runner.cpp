@@ -1,0 +1,345 @@
+// BucketRunner (the one place a bucket becomes MPI calls and a Work), the sync in-place path
+// of all_reduce / reduce / broadcast (spans, one reused pack buffer), their async path, and the
+// packer statistics.
+#include <algorithm>
+#include <climits>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "comm/engine_internal.hpp"
+#include "core/config.hpp"
+#include "runtime/log.hpp"
+
+namespace td::detail {
+
+// Whether this rank divides its result by the group size afterwards (AVG is a SUM, then a
+// division on the ranks that hold the result).
+bool divides_result(const CollectiveCall& call, Roles roles) {
+  return roles.receives && call.op == ReduceOp::AVG && call.kind != CollectiveKind::Broadcast;
+}
+
+Roles roles_of(const CollectiveCall& call, int rank) {
+  switch (call.kind) {
+    case CollectiveKind::AllReduce:
+      return {true, true};
+    case CollectiveKind::Reduce:
+      return {true, rank == call.root};
+    case CollectiveKind::Broadcast:
+      return {rank == call.root, rank != call.root};
+    default:
+      throw std::logic_error("roles_of: not an in-place collective");
+  }
+}
+
+void start_or_run(const CollectiveCall& call, int rank, MPI_Comm comm, std::byte* p, int count,
+                  DType dtype, MPI_Request* req) {
+  const MPI_Datatype type = mpi_datatype(dtype);
+  switch (call.kind) {
+    case CollectiveKind::AllReduce: {
+      const MPI_Op op = mpi_op(call.op, dtype);
+      if (req) {
+        TD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, p, count, type, op, comm, req));
+      } else {
+        TD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, p, count, type, op, comm));
+      }
+      break;
+    }
+    case CollectiveKind::Reduce: {
+      const MPI_Op op = mpi_op(call.op, dtype);
+      const bool root = rank == call.root;
+      void* send = root ? MPI_IN_PLACE : p;
+      void* recv = root ? p : nullptr;
+      if (req) {
+        TD_MPI_CHECK(MPI_Ireduce(send, recv, count, type, op, call.root, comm, req));
+      } else {
+        TD_MPI_CHECK(MPI_Reduce(send, recv, count, type, op, call.root, comm));
+      }
+      break;
+    }
+    case CollectiveKind::Broadcast:
+      if (req) {
+        TD_MPI_CHECK(MPI_Ibcast(p, count, type, call.root, comm, req));
+      } else {
+        TD_MPI_CHECK(MPI_Bcast(p, count, type, call.root, comm));
+      }
+      break;
+    default:
+      throw std::logic_error("start_or_run: not an in-place collective");
+  }
+}
+
+namespace {
+std::mutex g_stats_mu;
+PackerStats g_stats;
+}  // namespace
+
+void note_extra_bytes(std::size_t n) {
+  std::lock_guard lock(g_stats_mu);
+  g_stats.peak_extra_bytes = std::max(g_stats.peak_extra_bytes, n);
+}
+
+void note_plan(bool hit) {
+  std::lock_guard lock(g_stats_mu);
+  ++(hit ? g_stats.plan_hits : g_stats.plan_misses);
+}
+
+// Every rank holds each dtype's leaves as one span of one storage (a consolidated dict): one
+// pass per span, in place, in the plan's messages (max(cap, 4 MiB)), whatever the buckets. The
+// sequence of messages depends only on the agreed layout, so it is the same on every rank.
+void run_spans(const BucketPlan& plan, const CollectiveCall& call, GroupState& g,
+               const LeafMemory& mem) {
+  const Roles roles = roles_of(call, g.rank);
+  const bool avg = divides_result(call, roles);
+  for (const auto& sp : mem.spans) {
+    for_each_message(sp.nbytes, sp.dtype, plan.max_message_bytes, [&](std::size_t off, int count) {
+      start_or_run(call, g.rank, g.comm, sp.data + off, count, sp.dtype, nullptr);
+    });
+    if (avg)
+      divide_in_place(sp.data, static_cast<std::int64_t>(sp.nbytes / itemsize(sp.dtype)), sp.dtype,
+                      g.size);
+  }
+}
+
+// Which of the plan's buckets run in place on the leaves' memory (cached in `mem` per plan).
+std::vector<char> direct_buckets(const std::shared_ptr<const BucketPlan>& plan,
+                                 const LeafMemory& mem) {
+  std::lock_guard lock(mem.direct_mu);
+  if (mem.direct_plan != plan) {
+    mem.direct.resize(plan->buckets.size());
+    for (std::size_t b = 0; b < plan->buckets.size(); ++b)
+      mem.direct[b] = static_cast<char>(bucket_is_contiguous_in_memory(plan->buckets[b], mem));
+    mem.direct_plan = plan;
+  }
+  return mem.direct;
+}
+
+void run_sync(const std::shared_ptr<const BucketPlan>& plan_ptr, std::span<const LeafRef> leaves,
+              const CollectiveCall& call, GroupState& g, const LeafMemory& mem) {
+  const BucketPlan& plan = *plan_ptr;
+  const Roles roles = roles_of(call, g.rank);
+  std::size_t need = 0;
+  const std::vector<char> direct = direct_buckets(plan_ptr, mem);
+  for (std::size_t b = 0; b < plan.buckets.size(); ++b)
+    if (!direct[b]) need = std::max(need, plan.buckets[b].nbytes);
+  // TD_SYNC_PIPELINE=1: pack bucket k+1 while bucket k is in flight as a nonblocking collective
+  // (two pack buffers). Off by default: measured here, Open MPI 4.1's nonblocking allreduce is so
+  // much slower than the blocking one that the overlap loses (docs/bucketing.md, benchmarks.md).
+  const bool pipeline = config().sync_pipeline;
+  const std::size_t slots = pipeline ? 2 : 1;
+  const std::size_t stride = (need + 63) / 64 * 64;  // each slot starts aligned for any dtype
+  // The group keeps one pack buffer between calls; a call takes it out while it runs, so two
+  // threads calling collectives at once never share it (the second allocates its own).
+  std::shared_ptr<Storage> scratch;
+  if (need > 0) {
+    {
+      std::lock_guard lock(g.mu);
+      scratch = std::move(g.scratch);
+    }
+    if (!scratch || scratch->nbytes < stride * slots)
+      scratch = std::make_shared<Storage>(stride * slots);
+    note_extra_bytes(stride * slots);
+  }
+  struct ReturnScratch {
+    GroupState& g;
+    std::shared_ptr<Storage>& s;
+    ~ReturnScratch() {
+      if (!s) return;
+      std::lock_guard lock(g.mu);
+      if (!g.scratch || g.scratch->nbytes < s->nbytes) g.scratch = std::move(s);
+    }
+  } give_back{g, scratch};
+  const bool avg = divides_result(call, roles);
+  auto memory_of = [&](std::size_t b) {
+    const auto& bk = plan.buckets[b];
+    return direct[b] ? mem.data[bk.slots[0].leaf] : scratch->data + (b % slots) * stride;
+  };
+  auto finish = [&](std::size_t b) {
+    const auto& bk = plan.buckets[b];
+    std::byte* p = memory_of(b);
+    if (avg)
+      divide_in_place(p, static_cast<std::int64_t>(bk.nbytes / itemsize(bk.dtype)), bk.dtype,
+                      g.size);
+    if (direct[b] || !roles.receives) return;
+    if (bk.strided) {
+      unpack_bucket(bk, leaves, p);
+    } else {
+      unpack_slots(bk, mem, p);
+    }
+  };
+  std::vector<MPI_Request> in_flight;
+  for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
+    const auto& bk = plan.buckets[b];
+    std::byte* p = memory_of(b);
+    if (!direct[b] && roles.sends) {  // overlaps bucket b-1 when pipelining
+      if (bk.strided) {
+        pack_bucket(bk, leaves, p);
+      } else {
+        pack_slots(bk, mem, p);
+      }
+    }
+    if (!pipeline) {
+      for_each_message(bk.nbytes, bk.dtype, plan.max_message_bytes,
+                       [&](std::size_t off, int count) {
+                         start_or_run(call, g.rank, g.comm, p + off, count, bk.dtype, nullptr);
+                       });
+      finish(b);
+      continue;
+    }
+    std::vector<MPI_Request> started;
+    for_each_message(bk.nbytes, bk.dtype, plan.max_message_bytes, [&](std::size_t off, int count) {
+      started.push_back(MPI_REQUEST_NULL);
+      start_or_run(call, g.rank, g.comm, p + off, count, bk.dtype, &started.back());
+    });
+    if (b > 0) {
+      TD_MPI_CHECK(
+          MPI_Waitall(static_cast<int>(in_flight.size()), in_flight.data(), MPI_STATUSES_IGNORE));
+      finish(b - 1);
+    }
+    in_flight = std::move(started);
+  }
+  if (pipeline && !plan.buckets.empty()) {
+    TD_MPI_CHECK(
+        MPI_Waitall(static_cast<int>(in_flight.size()), in_flight.data(), MPI_STATUSES_IGNORE));
+    finish(plan.buckets.size() - 1);
+  }
+}
+
+// Async all_reduce / reduce / broadcast: one Work per bucket, in place or through a pack buffer
+// the Work owns; the finish step divides (AVG) and copies back from the Work's own tensor
+// handles, so it stays valid even if the dict was dropped meanwhile.
+std::vector<Work> run_async(const BucketPlan& plan, std::span<const LeafRef> leaves,
+                            const CollectiveCall& call, const std::shared_ptr<GroupState>& g,
+                            Clock::time_point deadline) {
+  const Roles roles = roles_of(call, g->rank);
+  BucketRunner runner(deadline, /*async_op=*/true);
+  std::size_t buffered = 0;  // every Work owns its pack buffer until it completes
+  static const Key kLeaf("<leaf>");
+  for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
+    const auto& bk = plan.buckets[b];
+    auto st = runner.state(bucket_description(call.name, plan, b, leaves, g->size));
+    for (const auto& slot : bk.slots) st->keep_alive.push_back(*leaves[slot.leaf].tensor);
+    bool packed = false;
+    std::byte* p = BucketRunner::place(bk, leaves, *st, roles.sends, &packed);
+    if (packed) buffered += bk.nbytes;
+    const bool avg = divides_result(call, roles);
+    const int size = g->size;
+    auto bucket = std::make_shared<BucketPlan::Bucket>(bk);
+    WorkState* raw = st.get();
+    st->finish = [raw, bucket, p, avg, packed, roles, size] {
+      if (avg)
+        divide_in_place(p, static_cast<std::int64_t>(bucket->nbytes / itemsize(bucket->dtype)),
+                        bucket->dtype, size);
+      if (!packed || !roles.receives) return;
+      // The Work's own handles, in slot order: the bucket renumbered onto them.
+      std::vector<LeafRef> refs;
+      refs.reserve(bucket->slots.size());
+      for (auto& t : raw->keep_alive) refs.push_back({&kLeaf, &t, 0});
+      BucketPlan::Bucket local = *bucket;
+      for (std::size_t s = 0; s < local.slots.size(); ++s) local.slots[s].leaf = s;
+      unpack_bucket(local, refs, p);
+    };
+    const std::size_t max_message = plan.max_message_bytes;
+    runner.run(st, [&](std::vector<MPI_Request>* reqs) {
+      for_each_message(bk.nbytes, bk.dtype, max_message, [&](std::size_t off, int count) {
+        reqs->push_back(MPI_REQUEST_NULL);
+        start_or_run(call, g->rank, g->comm, p + off, count, bk.dtype, &reqs->back());
+      });
+    });
+  }
+  note_extra_bytes(buffered);
+  return runner.works();
+}
+
+BucketRunner::BucketRunner(Clock::time_point deadline, bool async_op)
+    : deadline_(deadline), async_(async_op) {}
+
+std::shared_ptr<WorkState> BucketRunner::state(std::string describe) const {
+  auto st = std::make_shared<WorkState>();
+  st->deadline = deadline_;
+  st->describe = [d = std::move(describe)] { return d; };
+  return st;
+}
+
+std::byte* BucketRunner::place(const BucketPlan::Bucket& bk, std::span<const LeafRef> leaves,
+                               WorkState& st, bool pack_from_leaves, bool* packed,
+                               std::size_t nbytes) {
+  const bool direct = bucket_is_contiguous_in_memory(bk, leaves);
+  if (packed) *packed = !direct;
+  if (direct) return TensorAccess::data(*leaves[bk.slots[0].leaf].tensor, itemsize(bk.dtype));
+  auto buf = std::make_shared<Storage>(nbytes != 0 ? nbytes : bk.nbytes);
+  if (pack_from_leaves) pack_bucket(bk, leaves, buf->data);
+  std::byte* p = buf->data;
+  st.held.push_back(std::move(buf));
+  return p;
+}
+
+void BucketRunner::run(const std::shared_ptr<WorkState>& st,
+                       const std::function<void(std::vector<MPI_Request>*)>& start) {
+  if (!async_) {
+    {
+      const BlockingPhase watched(st->deadline, st->describe);
+      start(nullptr);
+    }
+    st->wait();  // no requests: runs the finish step now (and releases the buffers)
+    return;
+  }
+  start(&st->requests);
+  states_.push_back(st);
+  works_.emplace_back(st);
+}
+
+void BucketRunner::run_one(const std::shared_ptr<WorkState>& st,
+                           const std::function<void(MPI_Request*)>& start) {
+  run(st, [&](std::vector<MPI_Request>* reqs) {
+    if (reqs == nullptr) return start(nullptr);
+    reqs->push_back(MPI_REQUEST_NULL);
+    start(&reqs->back());
+  });
+}
+
+std::vector<Work> BucketRunner::works() {
+  // Only now does the progress thread see them: while this thread is still starting buckets,
+  // a second thread inside MPI makes every MPI_I* call here wait on Open MPI's locks (measured:
+  // starting 64 buckets took 20x longer with the thread polling than without it).
+  progress_add(states_);
+  states_.clear();
+  return std::move(works_);
+}
+
+std::string bucket_description(std::string_view what, const BucketPlan& plan, std::size_t b,
+                               std::span<const LeafRef> leaves, int group_size) {
+  const auto& bk = plan.buckets[b];
+  return fmt::format(
+      "{} of bucket {} of {} ({}, {} B, {} leaves, first key '{}') in a group of {} ranks", what, b,
+      plan.buckets.size(), name(bk.dtype), bk.nbytes, bk.slots.size(),
+      leaves[bk.slots[0].leaf].key->str(), group_size);
+}
+
+int mpi_count(std::size_t count, std::string_view what) {
+  if (count > static_cast<std::size_t>(INT_MAX))
+    throw Error(fmt::format("{}: {} elements are too many for one message (at most {})", what,
+                            count, INT_MAX));
+  return static_cast<int>(count);
+}
+
+}  // namespace td::detail
+
+namespace td {
+
+PackerStats packer_stats() {
+  using detail::g_stats;
+  using detail::g_stats_mu;
+  std::lock_guard lock(g_stats_mu);
+  return g_stats;
+}
+
+void reset_packer_stats() {
+  using detail::g_stats;
+  using detail::g_stats_mu;
+  std::lock_guard lock(g_stats_mu);
+  g_stats = {};
+}
+
+}  // namespace td

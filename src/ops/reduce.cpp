@@ -1,0 +1,190 @@
+// reduce / all_reduce / broadcast of a Tensor and a TensorDict: sparse leaves, then the dense
+// buckets (comm/runner.cpp).
+#include <algorithm>
+#include <climits>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "comm/engine_internal.hpp"
+#include "core/config.hpp"
+#include "runtime/log.hpp"
+
+namespace td::detail {
+
+// Sparse leaves: every rank's (index, value) entries are gathered and duplicates summed, so the
+// result, densified, equals the dense reduction of the densified inputs. Never bucketed.
+void run_sparse(Tensor& leaf, const CollectiveCall& call, GroupState& g) {
+  const Shape shape = leaf.shape();
+  const DType dtype = leaf.dtype();
+  const auto ndim = static_cast<std::int64_t>(shape.size());
+  const bool root = g.rank == call.root;
+  std::int64_t nnz = 0;
+  Tensor entries, values;  // entries: [nnz, ndim] int64, entry-major so ranks' parts concatenate
+  if (call.kind != CollectiveKind::Broadcast || root) {
+    nnz = leaf.nnz();
+    entries = leaf.indices().transpose(0, 1).contiguous();
+    values = leaf.values().contiguous();
+  }
+  const MPI_Datatype vtype = mpi_datatype(dtype);
+  auto finish = [&](const Tensor& all_entries, const Tensor& all_values, std::int64_t total) {
+    Tensor indices = all_entries.view({total, ndim}).transpose(0, 1).contiguous();
+    Tensor result = Tensor::sparse_coo(indices, all_values, shape);
+    if (call.kind != CollectiveKind::Broadcast) {
+      result = result.coalesce();
+      if (call.op == ReduceOp::AVG) {
+        Tensor v = result.values();
+        divide_in_place(v.raw_data(), v.numel(), dtype, g.size);
+      }
+    }
+    leaf = result;
+  };
+  auto to_int = [&](std::int64_t n) {
+    if (n > INT_MAX)
+      throw Error(fmt::format("{}: a sparse leaf with {} entries is too large for one message",
+                              call.name, n));
+    return static_cast<int>(n);
+  };
+  if (call.kind == CollectiveKind::Broadcast) {
+    TD_MPI_CHECK(MPI_Bcast(&nnz, 1, MPI_INT64_T, call.root, g.comm));
+    if (!root) {
+      entries = Tensor::empty({nnz, ndim}, DType::Int64);
+      values = Tensor::empty({nnz}, dtype);
+    }
+    TD_MPI_CHECK(MPI_Bcast(entries.raw_data(), to_int(nnz * ndim), MPI_INT64_T, call.root, g.comm));
+    TD_MPI_CHECK(MPI_Bcast(values.raw_data(), to_int(nnz), vtype, call.root, g.comm));
+    if (!root) finish(entries, values, nnz);
+    return;
+  }
+  const bool gathers = call.kind == CollectiveKind::AllReduce || root;
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(g.size));
+  if (call.kind == CollectiveKind::AllReduce) {
+    TD_MPI_CHECK(MPI_Allgather(&nnz, 1, MPI_INT64_T, counts.data(), 1, MPI_INT64_T, g.comm));
+  } else {
+    TD_MPI_CHECK(
+        MPI_Gather(&nnz, 1, MPI_INT64_T, counts.data(), 1, MPI_INT64_T, call.root, g.comm));
+  }
+  std::vector<int> ecount(counts.size()), edispl(counts.size()), vcount(counts.size()),
+      vdispl(counts.size());
+  std::int64_t total = 0;
+  if (gathers) {
+    for (std::size_t r = 0; r < counts.size(); ++r) {
+      vcount[r] = to_int(counts[r]);
+      vdispl[r] = to_int(total);
+      ecount[r] = to_int(counts[r] * ndim);
+      edispl[r] = to_int(total * ndim);
+      total += counts[r];
+    }
+    to_int(total * ndim);
+  }
+  Tensor all_entries = Tensor::empty({gathers ? total * ndim : 0}, DType::Int64);
+  Tensor all_values = Tensor::empty({gathers ? total : 0}, dtype);
+  if (call.kind == CollectiveKind::AllReduce) {
+    TD_MPI_CHECK(MPI_Allgatherv(entries.raw_data(), to_int(nnz * ndim), MPI_INT64_T,
+                                all_entries.raw_data(), ecount.data(), edispl.data(), MPI_INT64_T,
+                                g.comm));
+    TD_MPI_CHECK(MPI_Allgatherv(values.raw_data(), to_int(nnz), vtype, all_values.raw_data(),
+                                vcount.data(), vdispl.data(), vtype, g.comm));
+  } else {
+    TD_MPI_CHECK(MPI_Gatherv(entries.raw_data(), to_int(nnz * ndim), MPI_INT64_T,
+                             all_entries.raw_data(), ecount.data(), edispl.data(), MPI_INT64_T,
+                             call.root, g.comm));
+    TD_MPI_CHECK(MPI_Gatherv(values.raw_data(), to_int(nnz), vtype, all_values.raw_data(),
+                             vcount.data(), vdispl.data(), vtype, call.root, g.comm));
+  }
+  if (gathers) finish(all_entries, all_values, total);
+}
+
+void run_sparse_leaves(const BucketPlan& plan, std::span<const LeafRef> leaves,
+                       const CollectiveCall& call, GroupState& g) {
+  for (std::size_t i : plan.sparse_leaves) run_sparse(*leaves[i].tensor, call, g);
+}
+
+std::vector<Work> run_collective(std::span<const LeafRef> leaves, const CollectiveCall& call,
+                                 const CollectiveOptions& opts, LayoutCache* cache,
+                                 std::string extra_arg_error) {
+  auto [g, plan, deadline, memory, spans] =
+      prepare_collective(leaves, call, opts, std::move(extra_arg_error), cache);
+  const std::function<std::string()> describe = [&, n = plan->buckets.size()] {
+    return fmt::format("{} ({} buckets, {} sparse leaves, first key '{}') in a group of {} ranks",
+                       call.name, n, plan->sparse_leaves.size(),
+                       leaves.empty() ? std::string("<none>") : leaves[0].key->str(), g->size);
+  };
+  // Sparse leaves run first, blocking, before any dense bucket: their sizes are only known after
+  // a first exchange, and a sparse leaf's values may be (a view of) a dense leaf of the same
+  // dict, which must not be reduced before the sparse pass has read it.
+  if (!plan->sparse_leaves.empty()) {
+    const BlockingPhase watched(deadline, describe);
+    run_sparse_leaves(*plan, leaves, call, *g);
+  }
+  if (opts.async_op) return run_async(*plan, leaves, call, g, deadline);
+  const BlockingPhase watched(deadline, describe);
+  if (spans) {
+    const std::size_t n_spans = memory->spans.size();  // (a lambda may not capture a binding)
+    log_debug([&call, n_spans] {
+      return fmt::format("{}: every rank consolidated: {} spans of one dtype each, no buckets",
+                         call.name, n_spans);
+    });
+    run_spans(*plan, call, *g, *memory);
+  } else {
+    run_sync(plan, leaves, call, *g, *memory);
+  }
+  return {};
+}
+
+}  // namespace td::detail
+
+namespace td {
+
+// ---- the public entry points -----------------------------------------------------------------
+
+namespace {
+std::vector<Work> run_on_tensor(Tensor& t, const detail::CollectiveCall& call,
+                                const CollectiveOptions& opts) {
+  static const Key kKey("<tensor>");
+  const detail::LeafRef ref{&kKey, &t, detail::hash_key(kKey)};
+  return detail::run_collective(std::span<const detail::LeafRef>(&ref, 1), call, opts);
+}
+
+Work single(std::vector<Work> works) {
+  if (works.empty()) return Work();
+  return std::move(works.front());
+}
+}  // namespace
+
+Work reduce(Tensor& t, int dst, ReduceOp op, const CollectiveOptions& opts) {
+  return single(run_on_tensor(t, {detail::CollectiveKind::Reduce, op, dst, "reduce", false}, opts));
+}
+Work all_reduce(Tensor& t, ReduceOp op, const CollectiveOptions& opts) {
+  return single(
+      run_on_tensor(t, {detail::CollectiveKind::AllReduce, op, 0, "all_reduce", false}, opts));
+}
+Work broadcast(Tensor& t, int src, const CollectiveOptions& opts) {
+  return single(run_on_tensor(
+      t, {detail::CollectiveKind::Broadcast, ReduceOp::SUM, src, "broadcast", false}, opts));
+}
+
+namespace {
+std::vector<Work> run_on_dict(TensorDict& d, const detail::CollectiveCall& call,
+                              const CollectiveOptions& opts) {
+  auto in = detail::dict_leaves(d);
+  return detail::run_collective(in.leaves, call, opts, in.cache, std::move(in.error));
+}
+}  // namespace
+
+std::vector<Work> TensorDict::all_reduce(ReduceOp op, const CollectiveOptions& opts) {
+  return run_on_dict(
+      *this, {detail::CollectiveKind::AllReduce, op, 0, "TensorDict.all_reduce", true}, opts);
+}
+std::vector<Work> TensorDict::reduce(int dst, ReduceOp op, const CollectiveOptions& opts) {
+  return run_on_dict(*this, {detail::CollectiveKind::Reduce, op, dst, "TensorDict.reduce", true},
+                     opts);
+}
+std::vector<Work> TensorDict::broadcast(int src, const CollectiveOptions& opts) {
+  return run_on_dict(
+      *this, {detail::CollectiveKind::Broadcast, ReduceOp::SUM, src, "TensorDict.broadcast", true},
+      opts);
+}
+
+}  // namespace td

@@ -1,0 +1,551 @@
+// td::Reducer: buckets of gradients, each one storage that its leaves are views of, all-reduced in
+// place (or through a 16-bit copy when compressed) as soon as its leaves are ready, in bucket
+// order on every rank. Construction goes through the collectives' agreement; the hot path
+// (mark_ready) is a hash lookup, a few counters and, for a bucket that becomes ready, one
+// MPI_Iallreduce handed to the progress thread.
+#include "tensordict/reducer.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "comm/collective_engine.hpp"
+#include "core/dict_internal.hpp"
+#include "runtime/runtime.hpp"
+
+namespace td {
+
+std::string_view name(Compression c) {
+  switch (c) {
+    case Compression::None:
+      return "None";
+    case Compression::FP16:
+      return "FP16";
+    case Compression::BF16:
+      return "BF16";
+  }
+  return "?";
+}
+
+namespace {
+
+constexpr std::size_t kNoBucket = static_cast<std::size_t>(-1);
+
+// A key's parts joined with a separator no name contains in practice: the lookup key of
+// mark_ready (Key::str() quotes names, which costs more and is not needed here).
+std::string lookup_string(const Key& key) {
+  std::string s;
+  for (const auto& p : key.parts()) {
+    s += p;
+    s += '\x1f';
+  }
+  return s;
+}
+
+std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  return h * 0xff51afd7ed558ccdULL;
+}
+
+// Rounds `count` elements of `src` (float or double) to the 16-bit type of `wire`, times `scale`.
+template <class Half>
+void compress(const std::byte* src, DType dtype, std::int64_t count, float scale, std::byte* dst) {
+  Half* out = reinterpret_cast<Half*>(dst);
+  visit(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+      const T* in = reinterpret_cast<const T*>(src);
+      const auto s = static_cast<T>(scale);
+      for (std::int64_t i = 0; i < count; ++i) out[i] = Half(static_cast<float>(in[i] * s));
+    }
+  });
+}
+
+template <class Half>
+void decompress(const std::byte* src, DType dtype, std::int64_t count, std::byte* dst) {
+  const Half* in = reinterpret_cast<const Half*>(src);
+  visit(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+      T* out = reinterpret_cast<T*>(dst);
+      for (std::int64_t i = 0; i < count; ++i) out[i] = static_cast<T>(static_cast<float>(in[i]));
+    }
+  });
+}
+
+}  // namespace
+
+struct Reducer::Impl {
+  struct Leaf {
+    Key key;
+    std::size_t bucket = kNoBucket;  // kNoBucket: no elements, nothing to reduce
+    bool ready = false;
+    // What the leaf must still be: a view of its bucket (checked when the dict changed).
+    std::byte* data = nullptr;
+    DType dtype = DType::Float32;
+    Shape shape, strides;
+    std::uint64_t key_hash = 0;
+    std::uint64_t layout_id = 0;
+  };
+  struct Bucket {
+    DType dtype = DType::Float32;
+    std::size_t nbytes = 0;
+    Tensor storage;                   // flat: the leaves are views of it
+    Tensor wire;                      // its 16-bit copy when compressed (undefined otherwise)
+    std::vector<std::size_t> leaves;  // in their order in `storage`
+    std::size_t pending = 0;          // leaves not marked ready in this step
+    std::shared_ptr<detail::WorkState> work;  // in flight in this step
+    std::string describe;
+  };
+
+  TensorDict owned;                     // the tensorclass case: the dict of its fields
+  TensorDict* dict = nullptr;           // the user's dict, or `owned`
+  std::function<TensorDict()> current;  // tensorclass: its fields as a dict now (for checks)
+  ReduceOp op = ReduceOp::AVG;
+  Compression compression = Compression::None;
+  std::chrono::milliseconds timeout{};
+  std::shared_ptr<detail::GroupState> group;
+  std::size_t max_message_bytes = 0;
+
+  std::vector<Leaf> leaves;  // canonical order
+  std::vector<Bucket> buckets;
+  std::unordered_map<std::string, std::vector<std::size_t>> members;  // key -> leaves
+  std::size_t next = 0;  // first bucket not launched in this step
+  bool in_step = false;
+  std::string layout_error;  // a layout change found in this step: finish() throws it
+  std::string failure;       // a failed finish(): every later call throws it
+  std::uint64_t generation = 0, stamp = 0;
+
+  ~Impl() {
+    for (auto& b : buckets) {
+      if (!b.work) continue;
+      try {
+        b.work->wait();
+      } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor reports nothing
+      }
+    }
+  }
+
+  void check_usable(std::string_view what) const {
+    if (!failure.empty())
+      throw Error(fmt::format("Reducer.{}: a previous finish() failed ({}); build a new Reducer",
+                              what, failure));
+  }
+
+  // Why `t`, found at leaf i's key, is no longer the view of its bucket (empty if it is).
+  std::string leaf_change(std::size_t i, const Tensor& t) const {
+    const Leaf& l = leaves[i];
+    if (!t.defined()) return fmt::format("key '{}' now holds an undefined tensor", l.key.str());
+    if (t.is_sparse()) return fmt::format("key '{}' now holds a sparse tensor", l.key.str());
+    if (t.dtype() != l.dtype || t.shape() != l.shape)
+      return fmt::format("key '{}' was resized or changed dtype ({}{} -> {}{})", l.key.str(),
+                         name(l.dtype), fmt::join(l.shape, ","), name(t.dtype()),
+                         fmt::join(t.shape(), ","));
+    if (l.data != nullptr &&
+        (t.strides() != l.strides || detail::TensorAccess::data(t, itemsize(t.dtype())) != l.data))
+      return fmt::format(
+          "key '{}' was replaced by another tensor (it must stay the view of its bucket: write "
+          "gradients into it, e.g. with copy_() or its Eigen map, instead of setting a new tensor)",
+          l.key.str());
+    return {};
+  }
+
+  // Compares the dict's leaves with the buckets: O(sub-dicts) when nothing changed.
+  std::string find_layout_change() {
+    if (current) {  // a tensorclass: its fields, as a dict sharing their storage
+      TensorDict now;
+      try {
+        now = current();
+      } catch (const std::exception& e) {
+        return e.what();
+      }
+      const auto& refs = detail::DictAccess::canonical(now);
+      return compare_leaves(refs);
+    }
+    std::span<const detail::LeafRef> refs;
+    try {
+      refs = detail::DictAccess::canonical(*dict);
+    } catch (const std::exception& e) {  // moved from
+      return e.what();
+    }
+    const std::uint64_t gen = detail::DictAccess::canonical_generation(*dict);
+    const std::uint64_t st = detail::DictAccess::leaf_stamp(*dict);
+    if (gen == generation && st == stamp) return {};
+    std::string err = compare_leaves(refs);
+    if (err.empty()) {
+      generation = gen;
+      stamp = st;
+    }
+    return err;
+  }
+
+  std::string compare_leaves(std::span<const detail::LeafRef> refs) {
+    for (std::size_t i = 0; i < std::min(refs.size(), leaves.size()); ++i) {
+      if (refs[i].key_hash != leaves[i].key_hash || *refs[i].key != leaves[i].key) {
+        const Key& first = std::min(*refs[i].key, leaves[i].key);
+        return fmt::format("key '{}' was {} after the Reducer was built", first.str(),
+                           first == leaves[i].key ? "removed" : "added");
+      }
+      const Tensor& t = *refs[i].tensor;
+      if (detail::TensorAccess::layout_id(t) == leaves[i].layout_id) continue;
+      std::string err = leaf_change(i, t);
+      if (!err.empty()) return err;
+    }
+    if (refs.size() > leaves.size())
+      return fmt::format("key '{}' was added after the Reducer was built",
+                         refs[leaves.size()].key->str());
+    if (refs.size() < leaves.size())
+      return fmt::format("key '{}' was removed after the Reducer was built",
+                         leaves[refs.size()].key.str());
+    return {};
+  }
+
+  void begin_step() {
+    in_step = true;
+    layout_error = find_layout_change();
+  }
+
+  // Posts bucket b's reduction; its finish step (on whichever thread completes it) divides or
+  // decompresses into the bucket.
+  void launch(std::size_t b) {
+    Bucket& bk = buckets[b];
+    auto st = std::make_shared<detail::WorkState>();
+    st->deadline = detail::deadline_after(timeout);
+    st->describe = [d = bk.describe] { return d; };
+    st->keep_alive.push_back(bk.storage);
+    const auto count = static_cast<std::int64_t>(bk.nbytes / itemsize(bk.dtype));
+    const int size = group->size;
+    std::byte* data = detail::TensorAccess::data(bk.storage, itemsize(bk.dtype));
+    std::byte* wire = data;
+    DType wire_dtype = bk.dtype;
+    if (bk.wire.defined()) {
+      st->keep_alive.push_back(bk.wire);
+      wire_dtype = bk.wire.dtype();
+      wire = detail::TensorAccess::data(bk.wire, 2);
+      // AVG divides before summing, as DDP's fp16_compress_hook does: the sum of N values of a
+      // gradient's range cannot overflow FP16 then.
+      const float scale = op == ReduceOp::AVG ? 1.0F / static_cast<float>(size) : 1.0F;
+      if (compression == Compression::FP16) {
+        compress<Eigen::half>(data, bk.dtype, count, scale, wire);
+      } else {
+        compress<Eigen::bfloat16>(data, bk.dtype, count, scale, wire);
+      }
+      st->finish = [data, wire, count, dt = bk.dtype, fp16 = compression == Compression::FP16] {
+        if (fp16) {
+          decompress<Eigen::half>(wire, dt, count, data);
+        } else {
+          decompress<Eigen::bfloat16>(wire, dt, count, data);
+        }
+      };
+    } else if (op == ReduceOp::AVG) {
+      st->finish = [data, count, dt = bk.dtype, size] {
+        detail::divide_in_place(data, count, dt, size);
+      };
+    }
+    const MPI_Datatype type = detail::mpi_datatype(wire_dtype);
+    const MPI_Op mop = detail::mpi_op(op, wire_dtype);
+    const std::size_t message = std::max<std::size_t>(
+        max_message_bytes / itemsize(bk.dtype) * itemsize(wire_dtype), itemsize(wire_dtype));
+    detail::for_each_message(
+        static_cast<std::size_t>(count) * itemsize(wire_dtype), wire_dtype, message,
+        [&](std::size_t off, int n) {
+          st->requests.push_back(MPI_REQUEST_NULL);
+          TD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, wire + off, n, type, mop, group->comm,
+                                      &st->requests.back()));
+        });
+    detail::progress_add(st);
+    bk.work = std::move(st);
+  }
+
+  void launch_ready() {
+    while (next < buckets.size() && buckets[next].pending == 0) launch(next++);
+  }
+
+  void reset_step() {
+    for (auto& l : leaves) l.ready = false;
+    for (auto& b : buckets) {
+      b.pending = b.leaves.size();
+      b.work.reset();
+    }
+    next = 0;
+    in_step = false;
+    layout_error.clear();
+  }
+};
+
+namespace {
+
+// The leaves in ready order: `order`'s keys first (a sub-dict: its leaves in canonical order),
+// then the others in reverse canonical order. Sets `err` for an unknown or repeated key.
+std::vector<std::size_t> ready_sequence(
+    const std::vector<Key>& order, std::size_t n,
+    const std::unordered_map<std::string, std::vector<std::size_t>>& members, std::string& err) {
+  std::vector<std::size_t> seq;
+  std::vector<char> placed(n, 0);
+  for (const Key& k : order) {
+    auto it = members.find(lookup_string(k));
+    if (it == members.end()) {
+      if (err.empty())
+        err = fmt::format("ready_order: key '{}' is not a leaf or sub-dict of the gradients",
+                          k.str());
+      continue;
+    }
+    for (std::size_t i : it->second) {
+      if (placed[i] != 0) {
+        if (err.empty()) err = fmt::format("ready_order: key '{}' is listed twice", k.str());
+        continue;
+      }
+      placed[i] = 1;
+      seq.push_back(i);
+    }
+  }
+  for (std::size_t i = n; i-- > 0;)
+    if (placed[i] == 0) seq.push_back(i);
+  return seq;
+}
+
+}  // namespace
+
+Reducer::Reducer(TensorDict& grads, ReducerOptions opts) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.dict = &grads;
+  m.op = opts.op;
+  m.compression = opts.compression;
+
+  auto in = detail::dict_leaves(grads, /*with_cache=*/false);
+  std::string err = std::move(in.error);
+  auto note = [&err](std::string msg) {
+    if (err.empty()) err = std::move(msg);
+  };
+  m.leaves.resize(in.leaves.size());
+  for (std::size_t i = 0; i < in.leaves.size(); ++i) {
+    const auto& ref = in.leaves[i];
+    m.leaves[i].key = *ref.key;
+    m.leaves[i].key_hash = ref.key_hash;
+    const auto& parts = ref.key->parts();
+    std::string prefix;
+    for (const auto& p : parts) {
+      prefix += p;
+      prefix += '\x1f';
+      m.members[prefix].push_back(i);
+    }
+    const Tensor& t = *ref.tensor;
+    if (!t.defined()) continue;  // reported by the agreement's analysis
+    if (t.is_sparse()) {
+      note(fmt::format("key '{}' is a sparse tensor; a Reducer needs dense gradients (to_dense() "
+                       "it first)",
+                       ref.key->str()));
+    } else if (opts.compression != Compression::None && t.dtype() != DType::Float32 &&
+               t.dtype() != DType::Float64 && t.dtype() != DType::Float16 &&
+               t.dtype() != DType::BFloat16) {
+      note(fmt::format("compression {} applies to floating-point gradients; key '{}' is {}",
+                       name(opts.compression), ref.key->str(), name(t.dtype())));
+    }
+  }
+  if (opts.compression != Compression::None && opts.op != ReduceOp::SUM &&
+      opts.op != ReduceOp::AVG)
+    note(fmt::format("compression {} supports SUM and AVG, not {}", name(opts.compression),
+                     name(opts.op)));
+  const std::vector<std::size_t> seq =
+      ready_sequence(opts.ready_order, m.leaves.size(), m.members, err);
+
+  // Ranks must also agree on what the layout check does not see: the ready order (it decides
+  // the buckets) and the compression. Both go into the call's name, which is fingerprinted.
+  std::string call_name = "Reducer";
+  if (!opts.ready_order.empty()) {
+    std::uint64_t h = 0x7265616479ULL;
+    for (std::size_t i : seq) h = mix(h, i);
+    call_name += fmt::format("[ready_order {:016x}]", h);
+  }
+  if (opts.compression != Compression::None)
+    call_name += fmt::format("[compression {}]", name(opts.compression));
+
+  CollectiveOptions copts;
+  copts.group = opts.group;
+  copts.async_op = true;
+  copts.bucket_bytes = opts.bucket_bytes;
+  copts.timeout = opts.timeout;
+  const detail::CollectiveCall call{detail::CollectiveKind::AllReduce, opts.op, 0, call_name,
+                                    true};
+  auto prepared = detail::prepare_collective(in.leaves, call, copts, std::move(err));
+  m.group = prepared.group;
+  m.timeout = detail::timeout_of(copts);
+  m.max_message_bytes = prepared.plan->max_message_bytes;
+  const std::size_t cap = prepared.plan->cap.value_or(kAutoBucketBytes);
+  // The plan skips aliases of an earlier key; the layout (aliasing included) is agreed, so every
+  // rank throws this together.
+  for (std::size_t i : prepared.plan->skipped_leaves) {
+    const Tensor& t = *in.leaves[i].tensor;
+    if (t.numel() > 0)
+      throw std::invalid_argument(fmt::format(
+          "{}: key '{}' shares its elements with another key; a Reducer gives every key its own "
+          "place in a bucket, so tied gradients must be one key",
+          call_name, in.leaves[i].key->str()));
+  }
+
+  // Buckets in ready order: one open bucket per dtype, closed when the next leaf would pass the
+  // cap. Buckets are numbered by their first leaf, which is the order they launch in.
+  std::vector<std::size_t> open(kNumDTypes, kNoBucket);
+  for (std::size_t i : seq) {
+    const Tensor& t = *in.leaves[i].tensor;
+    if (t.numel() == 0) continue;
+    const std::size_t n = t.nbytes();
+    const auto d = static_cast<std::size_t>(t.dtype());
+    if (open[d] == kNoBucket || m.buckets[open[d]].nbytes + n > cap) {
+      open[d] = m.buckets.size();
+      m.buckets.emplace_back();
+      m.buckets.back().dtype = t.dtype();
+    }
+    Impl::Bucket& bk = m.buckets[open[d]];
+    bk.leaves.push_back(i);
+    bk.nbytes += n;
+    m.leaves[i].bucket = open[d];
+  }
+
+  // Move the gradients into the buckets; the dict's leaves become views. Setting a leaf may
+  // rebuild the dict's canonical order, so the old tensors are taken out first.
+  std::vector<Tensor> old_leaves;
+  old_leaves.reserve(in.leaves.size());
+  for (const auto& ref : in.leaves) old_leaves.push_back(*ref.tensor);
+  for (std::size_t b = 0; b < m.buckets.size(); ++b) {
+    Impl::Bucket& bk = m.buckets[b];
+    const std::size_t isz = itemsize(bk.dtype);
+    bk.storage = Tensor::empty({static_cast<std::int64_t>(bk.nbytes / isz)}, bk.dtype);
+    std::int64_t off = 0;
+    for (std::size_t i : bk.leaves) {
+      const Tensor& old = old_leaves[i];
+      Tensor view = detail::TensorAccess::view_of(bk.storage, off, old.shape());
+      view.copy_(old);
+      off += old.numel();
+      grads.set(m.leaves[i].key, view);
+    }
+    if (opts.compression != Compression::None &&
+        (bk.dtype == DType::Float32 || bk.dtype == DType::Float64))
+      bk.wire = Tensor::empty(
+          {off}, opts.compression == Compression::FP16 ? DType::Float16 : DType::BFloat16);
+    bk.pending = bk.leaves.size();
+    bk.describe = fmt::format("Reducer bucket {} of {} ({}, {} B{}, {} leaves, first key '{}') in "
+                              "a group of {} ranks",
+                              b, m.buckets.size(), name(bk.dtype), bk.nbytes,
+                              bk.wire.defined() ? fmt::format(" sent as {}", name(bk.wire.dtype()))
+                                                : std::string(),
+                              bk.leaves.size(), m.leaves[bk.leaves[0]].key.str(), m.group->size);
+  }
+
+  // Remember what each leaf is now, for the layout check of every step.
+  const auto& refs = detail::DictAccess::canonical(grads);
+  for (std::size_t i = 0; i < refs.size(); ++i) {
+    const Tensor& t = *refs[i].tensor;
+    Impl::Leaf& l = m.leaves[i];
+    l.layout_id = detail::TensorAccess::layout_id(t);
+    if (!t.defined()) continue;
+    l.dtype = t.dtype();
+    l.shape = t.shape();
+    l.strides = t.strides();
+    if (l.bucket != kNoBucket) l.data = detail::TensorAccess::data(t, itemsize(t.dtype()));
+  }
+  m.generation = detail::DictAccess::canonical_generation(grads);
+  m.stamp = detail::DictAccess::leaf_stamp(grads);
+}
+
+Reducer::Reducer(TensorDict owned, std::function<TensorDict()> current, ReducerOptions opts)
+    : Reducer(owned, std::move(opts)) {
+  // `owned` was the constructor's parameter: keep it (its storage is the buckets').
+  impl_->owned = std::move(owned);
+  impl_->dict = &impl_->owned;
+  impl_->current = std::move(current);
+}
+
+Reducer::~Reducer() = default;
+Reducer::Reducer(Reducer&&) noexcept = default;
+Reducer& Reducer::operator=(Reducer&&) noexcept = default;
+
+TensorDict& Reducer::owned_dict() { return impl_->owned; }
+
+void Reducer::mark_ready(const Key& key) {
+  Impl& m = *impl_;
+  m.check_usable("mark_ready");
+  auto it = m.members.find(lookup_string(key));
+  if (it == m.members.end())
+    throw KeyError(fmt::format(
+        "Reducer.mark_ready: key '{}' is not a leaf or sub-dict of the Reducer's gradients",
+        key.str()));
+  for (std::size_t i : it->second)
+    if (m.leaves[i].ready)
+      throw Error(fmt::format(
+          "Reducer.mark_ready: key '{}' is already marked ready in this step (each leaf once "
+          "per step; was finish() skipped after the previous backward pass?)",
+          m.leaves[i].key.str()));
+  if (!m.in_step) m.begin_step();
+  for (std::size_t i : it->second) {
+    Impl::Leaf& l = m.leaves[i];
+    l.ready = true;
+    if (l.bucket != kNoBucket) --m.buckets[l.bucket].pending;
+  }
+  m.launch_ready();
+}
+
+void Reducer::finish() {
+  Impl& m = *impl_;
+  m.check_usable("finish");
+  if (!m.in_step) {
+    m.begin_step();
+  } else if (m.layout_error.empty()) {
+    m.layout_error = m.find_layout_change();
+  }
+  // Every rank launches every bucket, in order, whatever it found: a rank that stopped here
+  // alone would leave the others waiting for its buckets until their timeout.
+  std::string error;
+  try {
+    while (m.next < m.buckets.size()) m.launch(m.next++);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  std::exception_ptr first;
+  for (auto& b : m.buckets) {
+    if (!b.work) continue;
+    try {
+      b.work->wait();
+    } catch (const std::exception& e) {
+      if (!first) first = std::current_exception();
+      if (error.empty()) error = e.what();
+    }
+  }
+  const std::string layout_error = m.layout_error;
+  m.reset_step();
+  if (first) {
+    m.failure = error;
+    std::rethrow_exception(first);
+  }
+  if (!error.empty()) {
+    m.failure = error;
+    throw Error(fmt::format("Reducer.finish: {}", error));
+  }
+  if (!layout_error.empty()) {
+    m.failure = layout_error;
+    throw Error(fmt::format("Reducer: the gradients' layout changed: {}; their reduced values are "
+                            "in the buckets, not in the new tensors",
+                            layout_error));
+  }
+}
+
+std::size_t Reducer::num_buckets() const { return impl_->buckets.size(); }
+
+std::vector<Key> Reducer::bucket_keys(std::size_t b) const {
+  std::vector<Key> out;
+  for (std::size_t i : impl_->buckets.at(b).leaves) out.push_back(impl_->leaves[i].key);
+  return out;
+}
+
+std::size_t Reducer::bucket_nbytes(std::size_t b) const { return impl_->buckets.at(b).nbytes; }
+
+bool Reducer::in_step() const { return impl_->in_step; }
+
+}  // namespace td
