@@ -1,7 +1,7 @@
 # Tests of the bucket-size tuner's decisions and of td-autotune. Included from the tools section
 # of the top-level CMakeLists.txt when tests are built too.
 
-# The noise rule, the pick and the spot check, as pure functions (src/autotune_model.hpp).
+# The noise rule, the pick and the spot check, as pure functions (src/comm/autotune_model.hpp).
 td_add_serial_test(NAME test_serial_autotune_model
                    SOURCES "${CMAKE_CURRENT_LIST_DIR}/test_serial_autotune_model.cpp")
 target_include_directories(test_serial_autotune_model PRIVATE "${PROJECT_SOURCE_DIR}/src")

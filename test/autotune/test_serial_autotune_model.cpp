@@ -1,4 +1,5 @@
-// The bucket-size tuner's decisions on given timings (src/autotune_model.hpp): no MPI, no clock.
+// The bucket-size tuner's decisions on given timings (src/comm/autotune_model.hpp): no MPI, no
+// clock.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
