@@ -7,6 +7,7 @@
 #include "tensordict/errors.hpp"
 #include "tensordict/key.hpp"
 #include "tensordict/process_group.hpp"
+#include "tensordict/reducer.hpp"
 #include "tensordict/tensor.hpp"
 #include "tensordict/tensor_dict.hpp"
 #include "tensordict/tensorclass.hpp"

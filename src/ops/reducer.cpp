@@ -84,6 +84,7 @@ void decompress(const std::byte* src, DType dtype, std::int64_t count, std::byte
 
 struct Reducer::Impl {
   struct Leaf {
+    Leaf(Key k, std::uint64_t hash) : key(std::move(k)), key_hash(hash) {}
     Key key;
     std::size_t bucket = kNoBucket;  // kNoBucket: no elements, nothing to reduce
     bool ready = false;
@@ -324,11 +325,10 @@ Reducer::Reducer(TensorDict& grads, ReducerOptions opts) : impl_(std::make_uniqu
   auto note = [&err](std::string msg) {
     if (err.empty()) err = std::move(msg);
   };
-  m.leaves.resize(in.leaves.size());
+  m.leaves.reserve(in.leaves.size());
   for (std::size_t i = 0; i < in.leaves.size(); ++i) {
     const auto& ref = in.leaves[i];
-    m.leaves[i].key = *ref.key;
-    m.leaves[i].key_hash = ref.key_hash;
+    m.leaves.emplace_back(*ref.key, ref.key_hash);
     const auto& parts = ref.key->parts();
     std::string prefix;
     for (const auto& p : parts) {
