@@ -15,17 +15,6 @@ namespace td::detail {
 
 namespace {
 
-std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
-
-std::string leaf_str(const LeafLayout& l, std::span<const LeafRef> leaves) {
-  std::string s = fmt::format("{}{}", name(l.dtype), shape_str(l.shape));
-  if (l.sparse) s += " sparse";
-  if (!l.contiguous && !l.sparse) s += " non-contiguous";
-  if (l.alias_of >= 0)
-    s += fmt::format(" alias of '{}'", leaves[static_cast<std::size_t>(l.alias_of)].key->str());
-  return s;
-}
-
 std::string cap_str(std::optional<std::size_t> cap) {
   if (!cap) return "none";
   if (*cap == kAutoBucketBytes) return "auto";
@@ -88,8 +77,7 @@ std::string by_rank(const std::vector<std::string>& texts) {
                                        std::span<const LeafRef> leaves, const Analysis& a,
                                        Clock::time_point deadline) {
   std::string desc = header + "\n" + arg_error + "\n";
-  for (std::size_t i = 0; i < leaves.size(); ++i)
-    desc += leaves[i].key->str() + "\t" + leaf_str(a.layout[i], leaves) + "\n";
+  for (const std::string& line : describe_leaves(leaves, &a.layout)) desc += line + "\n";
   auto lens = std::make_shared<std::vector<int>>(static_cast<std::size_t>(g.size));
   int my_len = static_cast<int>(desc.size());
   MPI_Request req = MPI_REQUEST_NULL;
@@ -131,32 +119,14 @@ std::string by_rank(const std::vector<std::string>& texts) {
     throw LayoutMismatchError(fmt::format("{}: ranks called different collectives or arguments: {}",
                                           call.name, by_rank(headers)));
 
-  std::size_t longest = 0;
-  for (const auto& l : lines) longest = std::max(longest, l.size());
-  for (std::size_t i = 2; i < longest; ++i) {
-    std::vector<std::string> at;
-    for (std::size_t r = 0; r < ranks; ++r) at.push_back(line_at(r, i));
-    if (std::adjacent_find(at.begin(), at.end(), std::not_equal_to<>()) == at.end()) continue;
-    // First differing position: name the smallest key present there, and what each rank holds for
-    // it.
-    std::string key;
-    for (const auto& s : at) {
-      if (s.empty()) continue;
-      std::string k = s.substr(0, s.find('\t'));
-      if (key.empty() || k < key) key = k;
-    }
-    std::vector<std::string> holds;
-    for (std::size_t r = 0; r < ranks; ++r) {
-      std::string found = "no such key";
-      for (std::size_t j = 2; j < lines[r].size(); ++j) {
-        const auto tab = lines[r][j].find('\t');
-        if (lines[r][j].substr(0, tab) == key) found = lines[r][j].substr(tab + 1);
-      }
-      holds.push_back(found);
-    }
+  for (auto& l : lines) l.erase(l.begin(), l.begin() + std::min<std::size_t>(2, l.size()));
+  if (const auto diff = first_difference(lines)) {
+    std::vector<std::string> holds = diff->holds;
+    for (auto& h : holds)
+      if (h.empty()) h = "no such key";
     throw LayoutMismatchError(
         fmt::format("{}: the ranks' TensorDicts differ at key '{}': {} (no data was sent)",
-                    call.name, key, by_rank(holds)));
+                    call.name, diff->key, by_rank(holds)));
   }
   throw LayoutMismatchError(
       fmt::format("{}: the ranks' layouts hash differently but print identically", call.name));

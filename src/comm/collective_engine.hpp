@@ -5,6 +5,7 @@
 #include <climits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -153,6 +154,34 @@ class BucketRunner {
   std::vector<Work> works_;
   std::vector<std::shared_ptr<WorkState>> states_;
 };
+
+// ---- layout description, difference and hash: one of each, for collectives, point to point,
+// scatter's parts and td::stack (comm/layout.cpp) ---------------------------------------------
+
+/// "[2, 3]".
+std::string shape_str(const Shape& shape);
+/// How messages print a tensor's layout: "float32[3, 4]", "int64[5] sparse", "undefined".
+std::string describe_tensor(const Tensor& t);
+/// How messages print an analysed leaf (the collectives' view): as describe_tensor, plus
+/// " non-contiguous" and " alias of 'k'" (`leaves` names the alias target).
+std::string describe_leaf(const LeafLayout& l, std::span<const LeafRef> leaves);
+/// Leaves as "key\tdescription" lines in canonical order: what ranks exchange after a mismatch.
+/// With `layout` (analysed leaves) the collectives' view, else describe_tensor's.
+std::vector<std::string> describe_leaves(std::span<const LeafRef> leaves,
+                                         const std::vector<LeafLayout>* layout = nullptr);
+/// Where several sides' describe_leaves lines first differ: the smallest key at the first
+/// differing position, and what each side holds for it ("" where it has no such key).
+struct LayoutDifference {
+  std::string key;
+  std::vector<std::string> holds;
+};
+std::optional<LayoutDifference> first_difference(
+    const std::vector<std::vector<std::string>>& sides);
+/// One 64-bit hash of keys (LeafRef::key_hash) and layouts, never 0.
+std::uint64_t layout_hash(std::span<const LeafRef> leaves, std::span<const LeafLayout> layout);
+/// Dtype and shape of each leaf, every one contiguous, dense and unaliased: the layout point to
+/// point agrees on (each side packs by its own strides).
+std::vector<LeafLayout> plain_layout(std::span<const LeafRef> leaves);
 
 /// "<what> of bucket b of n (dtype, bytes, leaves, first key) in a group of N ranks", for errors.
 std::string bucket_description(std::string_view what, const BucketPlan& plan, std::size_t b,

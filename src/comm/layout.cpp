@@ -133,7 +133,6 @@ void find_spans(Analysis& a) {
 Analysis analyse_layout(std::span<const LeafRef> leaves) {
   Analysis a;
   a.layout.resize(leaves.size());
-  std::uint64_t h = 0x51ed270b27ull;
   for (std::size_t i = 0; i < leaves.size(); ++i) {
     const Tensor& t = *leaves[i].tensor;
     LeafLayout& l = a.layout[i];
@@ -160,16 +159,7 @@ Analysis analyse_layout(std::span<const LeafRef> leaves) {
   }
   find_aliases(leaves, a);
   find_spans(a);
-  for (std::size_t i = 0; i < leaves.size(); ++i) {
-    const LeafLayout& l = a.layout[i];
-    h = mix(h, leaves[i].key_hash);
-    h = mix(h, static_cast<std::uint64_t>(l.dtype) | (std::uint64_t{l.contiguous} << 8) |
-                   (std::uint64_t{l.sparse} << 9) |
-                   (static_cast<std::uint64_t>(l.alias_of + 1) << 10));
-    h = mix(h, l.shape.size());
-    for (auto s : l.shape) h = mix(h, static_cast<std::uint64_t>(s));
-  }
-  a.layout_hash = mix(h, leaves.size());
+  a.layout_hash = layout_hash(leaves, a.layout);
   return a;
 }
 
@@ -256,6 +246,87 @@ const Analysis& analyse_cached(std::span<const LeafRef> leaves, LayoutCache* cac
     cache->generation = generation;
   }
   return cache->analysis;
+}
+
+std::string shape_str(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+std::string describe_tensor(const Tensor& t) {
+  if (!t.defined()) return "undefined";
+  std::string s = fmt::format("{}{}", name(t.dtype()), shape_str(t.shape()));
+  if (t.is_sparse()) s += " sparse";
+  return s;
+}
+
+std::string describe_leaf(const LeafLayout& l, std::span<const LeafRef> leaves) {
+  std::string s = fmt::format("{}{}", name(l.dtype), shape_str(l.shape));
+  if (l.sparse) s += " sparse";
+  if (!l.contiguous && !l.sparse) s += " non-contiguous";
+  if (l.alias_of >= 0)
+    s += fmt::format(" alias of '{}'", leaves[static_cast<std::size_t>(l.alias_of)].key->str());
+  return s;
+}
+
+std::vector<std::string> describe_leaves(std::span<const LeafRef> leaves,
+                                         const std::vector<LeafLayout>* layout) {
+  std::vector<std::string> out;
+  out.reserve(leaves.size());
+  for (std::size_t i = 0; i < leaves.size(); ++i)
+    out.push_back(
+        leaves[i].key->str() + "\t" +
+        (layout ? describe_leaf((*layout)[i], leaves) : describe_tensor(*leaves[i].tensor)));
+  return out;
+}
+
+std::optional<LayoutDifference> first_difference(
+    const std::vector<std::vector<std::string>>& sides) {
+  auto key_of = [](const std::string& line) { return line.substr(0, line.find('\t')); };
+  std::size_t longest = 0;
+  for (const auto& s : sides) longest = std::max(longest, s.size());
+  for (std::size_t i = 0; i < longest; ++i) {
+    bool same = true;
+    for (const auto& s : sides) {
+      const std::string& a = i < sides[0].size() ? sides[0][i] : std::string();
+      same = same && (i < s.size() ? s[i] : std::string()) == a;
+    }
+    if (same) continue;
+    // The smallest key present at the first differing position, and what each side holds.
+    LayoutDifference d;
+    for (const auto& s : sides)
+      if (i < s.size() && (d.key.empty() || key_of(s[i]) < d.key)) d.key = key_of(s[i]);
+    for (const auto& s : sides) {
+      std::string found;
+      for (const auto& line : s)
+        if (key_of(line) == d.key) found = line.substr(line.find('\t') + 1);
+      d.holds.push_back(std::move(found));
+    }
+    return d;
+  }
+  return std::nullopt;
+}
+
+std::uint64_t layout_hash(std::span<const LeafRef> leaves, std::span<const LeafLayout> layout) {
+  std::uint64_t h = 0x51ed270b27ull;
+  for (std::size_t i = 0; i < leaves.size(); ++i) {
+    const LeafLayout& l = layout[i];
+    h = mix(h, leaves[i].key_hash);
+    h = mix(h, static_cast<std::uint64_t>(l.dtype) | (std::uint64_t{l.contiguous} << 8) |
+                   (std::uint64_t{l.sparse} << 9) |
+                   (static_cast<std::uint64_t>(l.alias_of + 1) << 10));
+    h = mix(h, l.shape.size());
+    for (auto s : l.shape) h = mix(h, static_cast<std::uint64_t>(s));
+  }
+  h = mix(h, leaves.size());
+  return h == 0 ? 1 : h;
+}
+
+std::vector<LeafLayout> plain_layout(std::span<const LeafRef> leaves) {
+  std::vector<LeafLayout> out;
+  out.reserve(leaves.size());
+  for (const auto& ref : leaves) {
+    const Tensor& t = *ref.tensor;
+    out.push_back(t.defined() ? LeafLayout{t.dtype(), t.shape(), true} : LeafLayout{});
+  }
+  return out;
 }
 
 }  // namespace td::detail

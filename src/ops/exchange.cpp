@@ -29,26 +29,21 @@ using detail::DictAccess;
 using detail::LeafRef;
 using Clock = std::chrono::steady_clock;
 
-std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
-
 // What is wrong with `part` as a dict of `layout`'s layout (keys, dtypes, shapes), or "".
 std::string layout_difference(std::span<const LeafRef> layout, std::span<const LeafRef> part) {
-  for (std::size_t i = 0; i < std::max(layout.size(), part.size()); ++i) {
-    if (i >= part.size()) return fmt::format("it has no key '{}'", layout[i].key->str());
-    if (i >= layout.size() || !(*layout[i].key == *part[i].key))
-      return fmt::format("it has key '{}', which this TensorDict does not have",
-                         part[i].key->str());
-    const Tensor& want = *layout[i].tensor;
-    const Tensor& got = *part[i].tensor;
-    if (!got.defined())
-      return fmt::format("key '{}' holds an undefined tensor", part[i].key->str());
-    if (got.is_sparse())
-      return fmt::format("key '{}' is a sparse tensor; to_dense() it first", part[i].key->str());
-    if (want.defined() && (got.dtype() != want.dtype() || got.shape() != want.shape()))
-      return fmt::format("key '{}' is {}{} instead of {}{}", part[i].key->str(), name(got.dtype()),
-                         shape_str(got.shape()), name(want.dtype()), shape_str(want.shape()));
+  for (const auto& ref : part) {
+    if (!ref.tensor->defined())
+      return fmt::format("key '{}' holds an undefined tensor", ref.key->str());
+    if (ref.tensor->is_sparse())
+      return fmt::format("key '{}' is a sparse tensor; to_dense() it first", ref.key->str());
   }
-  return {};
+  const auto d =
+      detail::first_difference({detail::describe_leaves(layout), detail::describe_leaves(part)});
+  if (!d) return {};
+  if (d->holds[1].empty()) return fmt::format("it has no key '{}'", d->key);
+  if (d->holds[0].empty())
+    return fmt::format("it has key '{}', which this TensorDict does not have", d->key);
+  return fmt::format("key '{}' is {} instead of {}", d->key, d->holds[1], d->holds[0]);
 }
 
 // Index of an earlier leaf viewing exactly the elements of leaf i (an alias the plan skips), or -1.
@@ -292,8 +287,8 @@ TensorDict stack(const std::vector<TensorDict>& dicts) {
           fmt::format("td::stack: dicts[{}] does not have dicts[0]'s layout: {}", r, diff));
     if (dicts[r].batch_size() != dicts[0].batch_size())
       throw LayoutMismatchError(fmt::format("td::stack: dicts[{}] has batch size {}, dicts[0] {}",
-                                            r, shape_str(dicts[r].batch_size()),
-                                            shape_str(dicts[0].batch_size())));
+                                            r, detail::shape_str(dicts[r].batch_size()),
+                                            detail::shape_str(dicts[0].batch_size())));
   }
   const auto n = static_cast<std::int64_t>(dicts.size());
   auto prepend = [n](const Shape& s) {
@@ -494,6 +489,143 @@ TensorDict TensorDict::reduce_scatter(ReduceOp op, const CollectiveOptions& opts
   sync.async_op = false;
   reduce_scatter(out, op, sync);
   return out;
+}
+
+}  // namespace td
+
+namespace td {
+
+TensorDict TensorDict::reduce_scatter(const std::vector<std::int64_t>& rows_per_rank, ReduceOp op,
+                                      const CollectiveOptions& opts) const {
+  auto in = detail::dict_leaves(*this, /*with_cache=*/false);
+  const std::span<const LeafRef> leaves = in.leaves;
+  const int group_size = detail::group_of(opts)->size;
+  std::string err = std::move(in.error);
+  std::int64_t rows = 0;
+  for (const std::int64_t n : rows_per_rank) {
+    if (n < 0 && err.empty()) err = fmt::format("rows_per_rank holds a negative size {}", n);
+    rows += std::max<std::int64_t>(n, 0);
+  }
+  if (err.empty() && rows_per_rank.size() != static_cast<std::size_t>(group_size))
+    err = fmt::format("rows_per_rank has {} sizes for a group of {} ranks (one per rank)",
+                      rows_per_rank.size(), group_size);
+  for (const auto& ref : leaves) {
+    const Tensor& t = *ref.tensor;
+    if (!err.empty()) break;
+    if (!t.defined() || t.is_sparse()) continue;  // prepare_collective says
+    if (t.dim() == 0) {
+      err = fmt::format("key '{}' is a 0-d tensor, which has no first dimension to split",
+                        ref.key->str());
+    } else if (t.shape()[0] != rows) {
+      err = fmt::format("key '{}' has a first dimension of {}, but rows_per_rank sums to {}",
+                        ref.key->str(), t.shape()[0], rows);
+    }
+  }
+  // The sizes are part of the agreed call (a rank passing other sizes is a mismatch everywhere).
+  const std::string what = fmt::format("TensorDict.reduce_scatter[rows_per_rank={}]",
+                                       fmt::join(rows_per_rank, ","));
+  CollectiveOptions sync = opts;
+  sync.async_op = false;
+  const auto prepared = detail::prepare_collective(
+      leaves, CollectiveCall{CollectiveKind::ReduceScatter, op, 0, what, true}, sync,
+      std::move(err));
+  const detail::GroupState& g = *prepared.group;
+  const BucketPlan& plan = *prepared.plan;
+  const auto size = static_cast<std::size_t>(g.size);
+  const auto me = static_cast<std::size_t>(g.rank);
+  std::vector<std::int64_t> first_row(size + 1, 0);  // rank r's rows: [first_row[r], first_row[r+1])
+  for (std::size_t r = 0; r < size; ++r) first_row[r + 1] = first_row[r] + rows_per_rank[r];
+  const std::int64_t mine = rows_per_rank[me];
+
+  auto shards = std::make_shared<Leaves>(fresh_leaves(leaves, plan, [&](const Tensor& t) {
+    Shape s = t.shape();
+    s[0] = mine;
+    return Tensor::empty(s, t.dtype());
+  }));
+  TensorDict result = rebuild(*this, by_key(leaves, shards->tensors), [&](const Shape& s) {
+    Shape b = s;
+    if (!b.empty()) b[0] = mine;
+    return b;
+  });
+
+  // A bucket's send buffer is rank-major: rank r's rows of each of the bucket's leaves, back to
+  // back, so MPI_Reduce_scatter hands each rank its rows packed like the bucket (counts[r]
+  // elements). A bucket of one contiguous leaf is that already.
+  auto src = std::make_shared<Leaves>(handles(leaves));
+  detail::BucketRunner runner(prepared.deadline, /*async_op=*/false);
+  for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
+    const auto& bk = plan.buckets[b];
+    const std::size_t isz = itemsize(bk.dtype);
+    auto st = runner.state(detail::bucket_description(what, plan, b, leaves, g.size));
+    st->held.push_back(src);
+    st->held.push_back(shards);
+    // Elements per row of each slot's leaf (its first dimension is `rows`, not 0: the plan
+    // skips leaves without elements).
+    std::vector<std::size_t> row_elems;
+    for (const auto& slot : bk.slots)
+      row_elems.push_back(slot.nbytes / isz / static_cast<std::size_t>(rows));
+    auto counts = std::make_shared<std::vector<int>>();
+    for (std::size_t r = 0; r < size; ++r) {
+      std::size_t n = 0;
+      for (const std::size_t e : row_elems) n += e * static_cast<std::size_t>(rows_per_rank[r]);
+      counts->push_back(detail::mpi_count(n, what));
+    }
+    st->held.push_back(counts);
+    const std::byte* send;
+    if (bk.slots.size() == 1 && !bk.strided) {
+      send = static_cast<const std::byte*>(src->tensors[bk.slots[0].leaf].raw_data());
+    } else {
+      auto buf = storage(bk.nbytes);
+      st->held.push_back(buf);
+      std::byte* to = buf->data;
+      std::vector<Tensor> contiguous;
+      for (const auto& slot : bk.slots) contiguous.push_back(src->tensors[slot.leaf].contiguous());
+      for (std::size_t r = 0; r < size; ++r) {
+        for (std::size_t s = 0; s < bk.slots.size(); ++s) {
+          const std::size_t row_bytes = row_elems[s] * isz;
+          const auto* from = static_cast<const std::byte*>(contiguous[s].raw_data());
+          const std::size_t n = row_bytes * static_cast<std::size_t>(rows_per_rank[r]);
+          std::memcpy(to, from + row_bytes * static_cast<std::size_t>(first_row[r]), n);
+          to += n;
+        }
+      }
+      send = buf->data;
+    }
+    const std::size_t block = static_cast<std::size_t>((*counts)[me]) * isz;
+    std::byte* recv;
+    const bool direct = bk.slots.size() == 1;
+    if (direct) {
+      recv = static_cast<std::byte*>(shards->tensors[bk.slots[0].leaf].raw_data());
+    } else {
+      auto buf = storage(std::max<std::size_t>(block, 1));
+      st->held.push_back(buf);
+      recv = buf->data;
+    }
+    auto bucket = std::make_shared<BucketPlan::Bucket>(bk);
+    const bool avg = op == ReduceOp::AVG;
+    const int divisor = g.size;
+    st->finish = [bucket, shards, recv, block, direct, avg, divisor, row_elems, mine, isz] {
+      if (avg)
+        detail::divide_in_place(recv, static_cast<std::int64_t>(block / isz), bucket->dtype,
+                                divisor);
+      if (direct) return;
+      const std::byte* from = recv;
+      for (std::size_t s = 0; s < bucket->slots.size(); ++s) {
+        const std::size_t n = row_elems[s] * isz * static_cast<std::size_t>(mine);
+        std::memcpy(shards->tensors[bucket->slots[s].leaf].raw_data(), from, n);
+        from += n;
+      }
+    };
+    const MPI_Datatype type = detail::mpi_datatype(bk.dtype);
+    const MPI_Op mop = detail::mpi_op(op, bk.dtype);
+    const MPI_Comm comm = g.comm;
+    runner.run_one(st, [&](MPI_Request* req) {
+      TD_MPI_CHECK(req ? MPI_Ireduce_scatter(send, recv, counts->data(), type, mop, comm, req)
+                       : MPI_Reduce_scatter(send, recv, counts->data(), type, mop, comm));
+    });
+  }
+  runner.works();
+  return result;
 }
 
 }  // namespace td

@@ -52,11 +52,10 @@ struct Transfer {
 
   void index() {
     refs.clear();
-    for (std::size_t i = 0; i < tensors.size(); ++i) refs.push_back({&keys[i], &tensors[i], 0});
+    for (std::size_t i = 0; i < tensors.size(); ++i)
+      refs.push_back({&keys[i], &tensors[i], detail::hash_key(keys[i])});
   }
 };
-
-std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
 std::shared_ptr<Transfer> transfer_of(std::span<const LeafRef> leaves, std::string error) {
   auto x = std::make_shared<Transfer>();
@@ -76,45 +75,23 @@ std::shared_ptr<Transfer> transfer_of(std::span<const LeafRef> leaves, std::stri
   return x;
 }
 
-// A 64-bit FNV-1a fingerprint of the keys, dtypes and shapes in canonical order (never 0, which
-// a sender whose dict cannot be sent uses to make the receiver fail too).
+// The fingerprint of the keys, dtypes and shapes in canonical order: the collectives' layout
+// hash over the plain layout (never 0, which a sender whose dict cannot be sent uses to make the
+// receiver fail too).
 std::uint64_t fingerprint(const Transfer& x) {
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  auto byte = [&](unsigned char c) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  };
-  auto u64 = [&](std::uint64_t v) {
-    for (int k = 0; k < 8; ++k) byte(static_cast<unsigned char>(v >> (8 * k)));
-  };
-  u64(x.tensors.size());
-  for (std::size_t i = 0; i < x.tensors.size(); ++i) {
-    const auto& parts = x.keys[i].parts();
-    u64(parts.size());
-    for (const auto& p : parts) {
-      u64(p.size());
-      for (char c : p) byte(static_cast<unsigned char>(c));
-    }
-    const Tensor& t = x.tensors[i];
-    byte(static_cast<unsigned char>(t.dtype()));
-    u64(t.shape().size());
-    for (auto s : t.shape()) u64(static_cast<std::uint64_t>(s));
-  }
-  return h == 0 ? 1 : h;
+  return detail::layout_hash(x.refs, detail::plain_layout(x.refs));
 }
 
-// "key dtype[shape]" per leaf, one per line: what a mismatch sends the other side.
+// "key\tdtype[shape]" per leaf, one per line: what a mismatch sends the other side.
 std::string describe_layout(const Transfer& x) {
   if (!x.error.empty()) return "!" + x.error;
   std::string out;
-  for (std::size_t i = 0; i < x.tensors.size(); ++i)
-    out += fmt::format("{}\t{}{}\n", x.keys[i].str(), name(x.tensors[i].dtype()),
-                       shape_str(x.tensors[i].shape()));
+  for (const std::string& line : detail::describe_leaves(x.refs)) out += line + "\n";
   return out;
 }
 
-// The first difference between two layouts described by describe_layout.
-std::string first_difference(const std::string& mine, const std::string& theirs, const char* them) {
+// The first difference between two layouts described by describe_layout, in words.
+std::string difference(const std::string& mine, const std::string& theirs, const char* them) {
   if (!theirs.empty() && theirs[0] == '!')
     return fmt::format("the {} could not take part: {}", them, theirs.substr(1));
   auto lines = [](const std::string& s) {
@@ -124,22 +101,13 @@ std::string first_difference(const std::string& mine, const std::string& theirs,
       out.push_back(s.substr(start, end - start));
     return out;
   };
-  const auto a = lines(mine), b = lines(theirs);
-  auto key = [](const std::string& l) { return l.substr(0, l.find('\t')); };
-  auto rest = [](const std::string& l) { return l.substr(l.find('\t') + 1); };
-  for (std::size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
-    if (i >= a.size())
-      return fmt::format("the {} has key '{}', which this one lacks", them, key(b[i]));
-    if (i >= b.size()) return fmt::format("the {} lacks key '{}'", them, key(a[i]));
-    if (key(a[i]) != key(b[i]))
-      return key(a[i]) < key(b[i])
-                 ? fmt::format("the {} lacks key '{}'", them, key(a[i]))
-                 : fmt::format("the {} has key '{}', which this one lacks", them, key(b[i]));
-    if (rest(a[i]) != rest(b[i]))
-      return fmt::format("key '{}' is {} here but {} on the {}", key(a[i]), rest(a[i]), rest(b[i]),
-                         them);
-  }
-  return "the layouts differ";
+  const auto d = detail::first_difference({lines(mine), lines(theirs)});
+  if (!d) return "the layouts differ";
+  if (d->holds[0].empty())
+    return fmt::format("the {} has key '{}', which this one lacks", them, d->key);
+  if (d->holds[1].empty()) return fmt::format("the {} lacks key '{}'", them, d->key);
+  return fmt::format("key '{}' is {} here but {} on the {}", d->key, d->holds[0], d->holds[1],
+                     them);
 }
 
 // ---- tags -----------------------------------------------------------------------------------
@@ -297,9 +265,7 @@ void swap_descriptions(WorkState& w, const std::shared_ptr<Transfer>& x, const P
     w2.requests.push_back(MPI_REQUEST_NULL);
     TD_MPI_CHECK(MPI_Irecv(theirs->data(), static_cast<int>(theirs->size()), MPI_CHAR, p.rank,
                            p.base + 3, p.comm, &w2.requests.back()));
-    w2.then = [mine, theirs, them, fail](WorkState&) {
-      fail(first_difference(*mine, *theirs, them));
-    };
+    w2.then = [mine, theirs, them, fail](WorkState&) { fail(difference(*mine, *theirs, them)); };
   };
 }
 
