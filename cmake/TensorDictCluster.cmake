@@ -10,7 +10,9 @@
 #                                    the MPI test executables, TCP only between hosts
 #   cluster.example.<name>.<n>ranks  the examples at their largest RANKS count, their EXPECT lines
 #   cluster.fault.*                  a host's link taken down, a host's ranks killed, mid-loop
-#                                    (test/cluster/fault_across_hosts.sh + cluster_fault_loop)
+#                                    (test/cluster/fault_across_hosts.sh + cluster_fault_loop);
+#                                    link_down_sync.*: ten link cuts under sync collectives
+#                                    (test/cluster/link_cut_sync.sh)
 #
 # Every cluster test holds RESOURCE_LOCK td_cluster: they share the hosts, and the fault tests
 # break them on purpose, so they run one at a time whatever `ctest -j` says.
@@ -153,3 +155,15 @@ foreach(spec IN ITEMS
 endforeach()
 # (cluster.fault.link_down.4ranks_2hosts ran without the progress thread until 2026-12-01, for a
 # stall seen at 4 ranks; it passed 5 of 5 runs with the thread on: docs/cluster.md, known issue.)
+
+# Issue 16 hole 14: a peer lost in the middle of a *sync* collective. Ten fresh jobs of bucketed
+# sync all_reduces (2 MiB of leaves reduced in place, so most of a step is the blocking data
+# phase; every other job pauses 500 ms between calls, so the cut mostly meets an agreement)
+# each lose h3's link at a random moment. The survivors must print the agreement's
+# td::TimeoutError verdict or the data-phase watchdog's abort message, and every rank must have
+# ended within 15 s of the cut (test/cluster/link_cut_sync.sh). About 10 s per job.
+_td_cluster_test(cluster.fault.link_down_sync.3ranks_3hosts.x10
+  COMMAND bash "${PROJECT_SOURCE_DIR}/test/cluster/link_cut_sync.sh"
+          10 h3 td-h1:1,td-h2:1,td-h3:1 3 2000 500 15 -- $<TARGET_FILE:cluster_fault_loop> --direct)
+set_tests_properties(cluster.fault.link_down_sync.3ranks_3hosts.x10 PROPERTIES
+  LABELS "cluster;fault" TIMEOUT 300)

@@ -1,19 +1,38 @@
-// A loop of bucketed async all_reduces across hosts, for test/cluster/fault_across_hosts.sh to
-// break from outside (a host's link taken down, or a host's ranks killed).
+// A loop of bucketed all_reduces across hosts, for test/cluster/fault_across_hosts.sh and
+// link_cut_sync.sh to break from outside (a host's link taken down, or a host's ranks killed).
 //
 // Every step refills each leaf with the step's value `old` on every rank and sums it across the
-// ranks, so a completed leaf holds `old * size`. When a step fails with td::TimeoutError, each
-// rank checks every leaf: it must hold `old` everywhere (its bucket never completed) or
-// `old * size` everywhere (it did), never a mix. The rank prints one verdict line
+// ranks, so a completed leaf holds `old * size`. Every rank prints "cluster fault: rank R runs on
+// HOST" at start, and rank 0 prints "cluster fault: loop running" once the loop is under way:
+// from then on every call has the short timeout (the first steps, which connect the ranks, a
+// minute).
+//
+// Async (default): each step is an async all_reduce and wait_all. When a step fails with
+// td::TimeoutError, each rank checks every leaf: it must hold `old` everywhere (its bucket never
+// completed) or `old * size` everywhere (it did), never a mix. The rank prints one verdict line
 //   cluster fault: rank R on HOST: TimeoutError at step S after M ms; leaves old=A new=B mixed=C:
 //   ok
 // ("FAILED" instead of "ok" if a leaf is mixed or the error came late), then ends the job
-// with td::abort. Rank 0 prints "cluster fault: loop running" once the loop is under way: from
-// then on every call has the short timeout (the first steps, which connect the ranks, a minute).
+// with td::abort.
 //
-//   cluster_fault_loop [--timeout-ms N] [--max-seconds S] [--direct] [--verbose]
-// --direct adds two leaves larger than a bucket, which MPI reduces in place (no pack buffer);
-// --verbose makes rank 0 print every 100th step.
+// --sync: each step is a sync all_reduce. A fault ends a rank's step in one of two ways:
+// - in the agreement (before any data moves): the call throws td::TimeoutError at its deadline,
+//   every leaf must still hold `old`, and the rank prints
+//     cluster fault: rank R on HOST: TimeoutError in the agreement at step S after M ms; leaves
+//     old=A new=B mixed=C: ok
+//   then ends the job with td::abort, as in async mode;
+// - in the data phase (a blocking MPI call): the library's watchdog prints
+//     [td rank R] aborting the job: td::TimeoutError: TensorDict.all_reduce ... the watchdog
+//     ends the job
+//   at the call's deadline and ends the job; this program prints nothing more.
+//
+//   cluster_fault_loop [--timeout-ms N] [--max-seconds S] [--sync] [--direct] [--direct-kib K]
+//                      [--pause-ms P] [--verbose]
+// --direct adds two float32 leaves of K KiB each (default 1024), larger than a bucket, which MPI
+// reduces in place (no pack buffer); with --sync they make most of a step's time data phase.
+// --pause-ms sleeps P ms after every step once the loop runs (the computation between two
+// collectives): a fault during the pause meets the next call's agreement.
+// --verbose makes rank 0 print every 20th step and the mean step time.
 #include <unistd.h>
 
 #include <chrono>
@@ -36,7 +55,10 @@ using Clock = std::chrono::steady_clock;
 struct Options {
   long timeout_ms = 3000;
   long max_seconds = 120;
+  bool sync = false;
   bool direct = false;
+  long direct_kib = 1024;
+  long pause_ms = 0;
   bool verbose = false;
 };
 
@@ -48,14 +70,26 @@ Options parse(int argc, char** argv) {
       o.timeout_ms = std::strtol(argv[++i], nullptr, 10);
     } else if (a == "--max-seconds" && i + 1 < argc) {
       o.max_seconds = std::strtol(argv[++i], nullptr, 10);
+    } else if (a == "--sync") {
+      o.sync = true;
     } else if (a == "--direct") {
       o.direct = true;
+    } else if (a == "--pause-ms" && i + 1 < argc) {
+      o.pause_ms = std::strtol(argv[++i], nullptr, 10);
+    } else if (a == "--direct-kib" && i + 1 < argc) {
+      o.direct_kib = std::strtol(argv[++i], nullptr, 10);
     } else if (a == "--verbose") {
       o.verbose = true;
     } else {
       std::fprintf(stderr, "cluster_fault_loop: unknown argument '%s'\n", a.c_str());
       std::exit(2);
     }
+  }
+  if (o.timeout_ms <= 0 || o.max_seconds <= 0 || o.direct_kib < 64 || o.pause_ms < 0) {
+    std::fprintf(
+        stderr,
+        "cluster_fault_loop: bad --timeout-ms, --max-seconds, --pause-ms or --direct-kib\n");
+    std::exit(2);
   }
   return o;
 }
@@ -104,6 +138,8 @@ int main(int argc, char** argv) {
   const int size = td::get_world_size();
   char host[256] = {};
   gethostname(host, sizeof host - 1);
+  std::printf("cluster fault: rank %d runs on %s\n", rank, host);
+  std::fflush(stdout);
 
   // 48 float32 leaves of 4 KiB and 16 int64 leaves of 2 KiB in 16 KiB buckets: every bucket
   // holds several leaves, so each is packed, reduced in a pack buffer and copied back.
@@ -120,19 +156,21 @@ int main(int argc, char** argv) {
   if (opt.direct)
     for (int i = 0; i < 2; ++i) {
       keys.emplace_back(std::vector<std::string>{"direct", fmt::format("big{}", i)});
-      d.set(keys.back(), td::Tensor::zeros({std::int64_t{256} << 10}, td::DType::Float32));
+      d.set(keys.back(),
+            td::Tensor::zeros({std::int64_t{256} * opt.direct_kib}, td::DType::Float32));
     }
 
   // The first steps connect the ranks across hosts (TCP) and may be slow on a loaded machine:
   // they get a minute; the short timeout applies once the loop is running.
   constexpr std::int64_t kWarmupSteps = 20;
-  const td::CollectiveOptions warmup{.async_op = true,
+  const td::CollectiveOptions warmup{.async_op = !opt.sync,
                                      .bucket_bytes = std::size_t{16} << 10,
                                      .timeout = std::chrono::milliseconds(60000)};
-  const td::CollectiveOptions copts{.async_op = true,
+  const td::CollectiveOptions copts{.async_op = !opt.sync,
                                     .bucket_bytes = std::size_t{16} << 10,
                                     .timeout = std::chrono::milliseconds(opt.timeout_ms)};
   const auto loop_start = Clock::now();
+  auto report_start = loop_start;
   for (std::int64_t step = 0;; ++step) {
     const std::int64_t old_v = step % 1000 + 1, new_v = old_v * size;
     fill(d, keys, old_v);
@@ -154,14 +192,18 @@ int main(int argc, char** argv) {
       // The error comes at the call's deadline; a little later on a loaded machine is fine.
       const bool in_time =
           step >= kWarmupSteps && ms >= opt.timeout_ms && ms < opt.timeout_ms + 5000;
-      const bool ok = counts[2] == 0 && in_time;
+      // A sync call throws only from its agreement, before any data moved (a stall in the data
+      // phase is the watchdog's): every leaf still holds `old`.
+      const bool leaves_ok = opt.sync ? counts[0] == static_cast<int>(keys.size()) : counts[2] == 0;
+      const bool ok = leaves_ok && in_time;
       std::string what = e.what();
       if (what.size() > 200) what = what.substr(0, 200) + "...";
       std::printf(
-          "cluster fault: rank %d on %s: TimeoutError at step %lld after %lld ms; leaves old=%d "
+          "cluster fault: rank %d on %s: TimeoutError%s at step %lld after %lld ms; leaves old=%d "
           "new=%d mixed=%d%s: %s\n  (%s)\n",
-          rank, host, static_cast<long long>(step), static_cast<long long>(ms), counts[0],
-          counts[1], counts[2], mixed.c_str(), ok ? "ok" : "FAILED", what.c_str());
+          rank, host, opt.sync ? " in the agreement" : "", static_cast<long long>(step),
+          static_cast<long long>(ms), counts[0], counts[1], counts[2], mixed.c_str(),
+          ok ? "ok" : "FAILED", what.c_str());
       std::fflush(stdout);
       // Give the other ranks' verdicts time to reach mpirun before the job is torn down.
       std::this_thread::sleep_for(std::chrono::seconds(2));
@@ -173,14 +215,24 @@ int main(int argc, char** argv) {
       if (classify(d.get(k), old_v, new_v) != Leaf::New)
         td::abort(fmt::format("cluster fault: step {}: leaf {} is wrong: FAILED", step, k.str()),
                   5);
-    if (opt.verbose && rank == 0 && step % 100 == 0) {
-      std::printf("cluster fault: step %lld\n", static_cast<long long>(step));
+    if (opt.verbose && rank == 0 && step % 20 == 0 && step > 0) {
+      const auto now = Clock::now();
+      const double mean_ms =
+          std::chrono::duration<double, std::milli>(now - report_start).count() / 20;
+      report_start = now;
+      std::printf("cluster fault: step %lld (%.2f ms per step)\n", static_cast<long long>(step),
+                  mean_ms);
       std::fflush(stdout);
     }
     if (step == kWarmupSteps && rank == 0) {
-      std::printf("cluster fault: loop running (%d ranks)\n", size);
+      std::printf("cluster fault: loop running (%d ranks, %s)\n", size,
+                  opt.sync ? "sync" : "async");
       std::fflush(stdout);
     }
+    // Time outside the collective (a training step's computation): a fault that falls here
+    // meets the next call's agreement.
+    if (opt.pause_ms > 0 && step >= kWarmupSteps)
+      std::this_thread::sleep_for(std::chrono::milliseconds(opt.pause_ms));
     if (Clock::now() - loop_start > std::chrono::seconds(opt.max_seconds))
       td::abort(fmt::format("cluster fault: no fault after {} s: FAILED", opt.max_seconds), 6);
   }

@@ -69,7 +69,7 @@ sleep 0.5
 # 2. The fault, into a healthy job: nobody has given up yet.
 verdicts() { grep -E "cluster fault: rank [0-9]+ on " "$out" | grep -v " on $victim_name:" || true; }
 kill -0 "$pid" 2>/dev/null || fail "the job ended before the fault"
-grep -q "cluster fault: rank" "$out" && fail "a rank gave up before the fault"
+grep -qE "cluster fault: rank [0-9]+ on " "$out" && fail "a rank gave up before the fault"
 fault=$(now_ms)
 if [[ $mode == link ]]; then
   "$cluster" link "$victim" down || fail "could not take $victim's link down"
