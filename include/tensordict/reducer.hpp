@@ -63,8 +63,8 @@ class TD_API Reducer {
   /// The same for a tensorclass of gradients: its fields become views of the buckets.
   template <TensorClassType T>
   explicit Reducer(T& grads, ReducerOptions opts = {})
-      : Reducer(grads.to_tensordict(), [&grads] { return grads.to_tensordict(); },
-                std::move(opts)) {
+      : Reducer(
+            grads.to_tensordict(), [&grads] { return grads.to_tensordict(); }, std::move(opts)) {
     detail::TensorClassAccess::rebind(grads, owned_dict());
   }
   /// Waits for buckets still in flight (it does not launch the others).

@@ -254,13 +254,12 @@ struct Reducer::Impl {
     const MPI_Op mop = detail::mpi_op(op, wire_dtype);
     const std::size_t message = std::max<std::size_t>(
         max_message_bytes / itemsize(bk.dtype) * itemsize(wire_dtype), itemsize(wire_dtype));
-    detail::for_each_message(
-        static_cast<std::size_t>(count) * itemsize(wire_dtype), wire_dtype, message,
-        [&](std::size_t off, int n) {
-          st->requests.push_back(MPI_REQUEST_NULL);
-          TD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, wire + off, n, type, mop, group->comm,
-                                      &st->requests.back()));
-        });
+    detail::for_each_message(static_cast<std::size_t>(count) * itemsize(wire_dtype), wire_dtype,
+                             message, [&](std::size_t off, int n) {
+                               st->requests.push_back(MPI_REQUEST_NULL);
+                               TD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, wire + off, n, type, mop,
+                                                           group->comm, &st->requests.back()));
+                             });
     detail::progress_add(st);
     bk.work = std::move(st);
   }
@@ -339,9 +338,10 @@ Reducer::Reducer(TensorDict& grads, ReducerOptions opts) : impl_(std::make_uniqu
     const Tensor& t = *ref.tensor;
     if (!t.defined()) continue;  // reported by the agreement's analysis
     if (t.is_sparse()) {
-      note(fmt::format("key '{}' is a sparse tensor; a Reducer needs dense gradients (to_dense() "
-                       "it first)",
-                       ref.key->str()));
+      note(
+          fmt::format("key '{}' is a sparse tensor; a Reducer needs dense gradients (to_dense() "
+                      "it first)",
+                      ref.key->str()));
     } else if (opts.compression != Compression::None && t.dtype() != DType::Float32 &&
                t.dtype() != DType::Float64 && t.dtype() != DType::Float16 &&
                t.dtype() != DType::BFloat16) {
@@ -349,8 +349,7 @@ Reducer::Reducer(TensorDict& grads, ReducerOptions opts) : impl_(std::make_uniqu
                        name(opts.compression), ref.key->str(), name(t.dtype())));
     }
   }
-  if (opts.compression != Compression::None && opts.op != ReduceOp::SUM &&
-      opts.op != ReduceOp::AVG)
+  if (opts.compression != Compression::None && opts.op != ReduceOp::SUM && opts.op != ReduceOp::AVG)
     note(fmt::format("compression {} supports SUM and AVG, not {}", name(opts.compression),
                      name(opts.op)));
   const std::vector<std::size_t> seq =
@@ -372,8 +371,7 @@ Reducer::Reducer(TensorDict& grads, ReducerOptions opts) : impl_(std::make_uniqu
   copts.async_op = true;
   copts.bucket_bytes = opts.bucket_bytes;
   copts.timeout = opts.timeout;
-  const detail::CollectiveCall call{detail::CollectiveKind::AllReduce, opts.op, 0, call_name,
-                                    true};
+  const detail::CollectiveCall call{detail::CollectiveKind::AllReduce, opts.op, 0, call_name, true};
   auto prepared = detail::prepare_collective(in.leaves, call, copts, std::move(err));
   m.group = prepared.group;
   m.timeout = detail::timeout_of(copts);
@@ -431,12 +429,12 @@ Reducer::Reducer(TensorDict& grads, ReducerOptions opts) : impl_(std::make_uniqu
       bk.wire = Tensor::empty(
           {off}, opts.compression == Compression::FP16 ? DType::Float16 : DType::BFloat16);
     bk.pending = bk.leaves.size();
-    bk.describe = fmt::format("Reducer bucket {} of {} ({}, {} B{}, {} leaves, first key '{}') in "
-                              "a group of {} ranks",
-                              b, m.buckets.size(), name(bk.dtype), bk.nbytes,
-                              bk.wire.defined() ? fmt::format(" sent as {}", name(bk.wire.dtype()))
-                                                : std::string(),
-                              bk.leaves.size(), m.leaves[bk.leaves[0]].key.str(), m.group->size);
+    bk.describe = fmt::format(
+        "Reducer bucket {} of {} ({}, {} B{}, {} leaves, first key '{}') in "
+        "a group of {} ranks",
+        b, m.buckets.size(), name(bk.dtype), bk.nbytes,
+        bk.wire.defined() ? fmt::format(" sent as {}", name(bk.wire.dtype())) : std::string(),
+        bk.leaves.size(), m.leaves[bk.leaves[0]].key.str(), m.group->size);
   }
 
   // Remember what each leaf is now, for the layout check of every step.
@@ -530,9 +528,10 @@ void Reducer::finish() {
   }
   if (!layout_error.empty()) {
     m.failure = layout_error;
-    throw Error(fmt::format("Reducer: the gradients' layout changed: {}; their reduced values are "
-                            "in the buckets, not in the new tensors",
-                            layout_error));
+    throw Error(
+        fmt::format("Reducer: the gradients' layout changed: {}; their reduced values are "
+                    "in the buckets, not in the new tensors",
+                    layout_error));
   }
 }
 
