@@ -1,0 +1,204 @@
+// A simulated backward pass over the transformer workload, with and without td::Reducer.
+//
+// The layers run in reverse order (h5 ... h0, then the embedding); each "computes" for a time
+// proportional to its parameter count, then its gradients are ready. The total compute is
+// --compute-ratio times the communication alone (a bucketed all_reduce of every gradient,
+// measured first). Two kinds of compute: idle waiting (an accelerator or I/O: a sleep) and a CPU
+// spin. Variants, side by side, each round in the same order on every rank:
+//   compute alone; communication alone (all_reduce auto, the Reducer's buckets, a pre-packed
+//   MPI_Allreduce of the same bytes); backward then all_reduce (auto); backward with the Reducer
+//   (and with the Reducer and BF16 compression).
+// Timing: a barrier, one step timed with MPI_Wtime on every rank, the MAX over ranks; medians
+// over rounds.
+#include <chrono>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+
+#include "bench_common.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// One layer of the backward pass: its sub-dict key and its share of the compute.
+struct Layer {
+  std::string key;
+  double share = 0;
+};
+
+std::vector<Layer> backward_layers(const td_bench::Workload& w) {
+  std::map<std::string, std::int64_t> params;
+  std::int64_t total = 0;
+  for (const auto& l : w.leaves) {
+    params[l.key.front()] += td_bench::numel_of(l.shape);
+    total += td_bench::numel_of(l.shape);
+  }
+  std::vector<Layer> out;
+  for (int h = 5; h >= 0; --h) {
+    const std::string k = fmt::format("h{}", h);
+    out.push_back({k, static_cast<double>(params[k]) / static_cast<double>(total)});
+  }
+  out.push_back({"embed", static_cast<double>(params["embed"]) / static_cast<double>(total)});
+  return out;
+}
+
+double g_sink = 0;
+
+// Keeps this rank's core busy until `seconds` have passed.
+void spin_for(double seconds) {
+  const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+  double x = 1.0;
+  while (Clock::now() < end)
+    for (int i = 0; i < 256; ++i) x = x * 0.999999 + 1e-7;
+  g_sink += x;
+}
+
+void idle_for(double seconds) {
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  td::init_process_group(argc, argv);
+  CLI::App app{"bench_backward: a simulated backward pass with and without td::Reducer"};
+  int rounds = 10;
+  double compute_ratio = 1.0;
+  app.add_option("--rounds", rounds, "timed rounds per variant")->check(CLI::PositiveNumber);
+  app.add_option("--compute-ratio", compute_ratio,
+                 "total compute of a backward pass / communication alone")
+      ->check(CLI::PositiveNumber);
+  if (auto rc = td_bench::parse_or_exit(app, argc, argv)) return *rc;
+  const int rank = td::get_rank(), size = td::get_world_size();
+  const auto w = td_bench::make_workload("transformer", td::DType::Float32);
+  const std::vector<Layer> layers = backward_layers(w);
+
+  // Each variant has its own gradients: a plain dict (backward then all_reduce), one owned by
+  // a Reducer, one by a compressing Reducer.
+  td::TensorDict plain = td_bench::build_dict(w, false);
+  td::TensorDict bucketed = td_bench::build_dict(w, false);
+  td::TensorDict compressed = td_bench::build_dict(w, false);
+  for (td::TensorDict* d : {&plain, &bucketed, &compressed})
+    for (std::size_t l = 0; l < w.leaves.size(); ++l) {
+      td::Tensor& t = d->get(td::Key(w.leaves[l].key));
+      td_bench::fill_pattern(t, l, rank);
+    }
+  const td::CollectiveOptions auto_opts{.bucket_bytes = td::kAutoBucketBytes};
+  td::Reducer reducer(bucketed, {.op = td::ReduceOp::AVG});
+  td::Reducer reducer_bf16(compressed,
+                           {.op = td::ReduceOp::AVG, .compression = td::Compression::BF16});
+
+  // Correctness guard: one step of each path gives the same bits.
+  plain.all_reduce(td::ReduceOp::AVG, auto_opts);
+  for (const auto& l : layers) reducer.mark_ready(l.key);
+  reducer.finish();
+  if (!td_bench::all_ranks(plain.equal(bucketed))) {
+    if (rank == 0) fmt::print(stderr, "bench_backward: Reducer result differs from all_reduce\n");
+    td::destroy_process_group();
+    return 1;
+  }
+
+  std::size_t total_bytes = 0;
+  for (const auto& [dt, b] : td_bench::bytes_per_dtype(w)) total_bytes += b;
+  td::Tensor flat =
+      td::Tensor::zeros({static_cast<std::int64_t>(total_bytes / 4)}, td::DType::Float32);
+
+  auto comm_allreduce = [&] { plain.all_reduce(td::ReduceOp::AVG, auto_opts); };
+  auto comm_reducer = [&](td::Reducer& r) {
+    for (const auto& l : layers) r.mark_ready(l.key);
+    r.finish();
+  };
+  auto comm_raw = [&] {
+    MPI_Allreduce(MPI_IN_PLACE, flat.data<float>(), static_cast<int>(flat.numel()), MPI_FLOAT,
+                  MPI_SUM, MPI_COMM_WORLD);
+  };
+
+  // The compute of a backward pass: as long as the Reducer's communication alone (median of 7),
+  // the communication it has to hide; the hardest case, where neither side can cover the other.
+  std::vector<double> c;
+  for (int i = 0; i < 7; ++i)
+    c.push_back(td_bench::timed_max_over_ranks([&] { comm_reducer(reducer); }));
+  double compute_total = td_bench::median_of(c) * compute_ratio;
+  MPI_Bcast(&compute_total, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+
+  using Work = std::function<void(double)>;
+  const Work idle = idle_for, spin = spin_for;
+  auto compute_alone = [&](const Work& work) {
+    for (const auto& l : layers) work(compute_total * l.share);
+  };
+  auto then_allreduce = [&](const Work& work) {
+    compute_alone(work);
+    plain.all_reduce(td::ReduceOp::AVG, auto_opts);
+  };
+  auto with_reducer = [&](const Work& work, td::Reducer& r) {
+    for (const auto& l : layers) {
+      work(compute_total * l.share);
+      r.mark_ready(l.key);
+    }
+    r.finish();
+  };
+
+  struct Series {
+    std::string name;
+    std::function<void()> run;
+    std::vector<double> t;
+  };
+  std::vector<Series> series = {
+      {"communication: all_reduce(auto)", comm_allreduce, {}},
+      {"communication: Reducer buckets", [&] { comm_reducer(reducer); }, {}},
+      {"communication: Reducer buckets, BF16", [&] { comm_reducer(reducer_bf16); }, {}},
+      {"communication: pre-packed MPI_Allreduce", comm_raw, {}},
+      {"idle compute alone", [&] { compute_alone(idle); }, {}},
+      {"idle: backward then all_reduce(auto)", [&] { then_allreduce(idle); }, {}},
+      {"idle: backward with Reducer", [&] { with_reducer(idle, reducer); }, {}},
+      {"idle: backward with Reducer, BF16", [&] { with_reducer(idle, reducer_bf16); }, {}},
+      {"spin compute alone", [&] { compute_alone(spin); }, {}},
+      {"spin: backward then all_reduce(auto)", [&] { then_allreduce(spin); }, {}},
+      {"spin: backward with Reducer", [&] { with_reducer(spin, reducer); }, {}},
+  };
+  for (auto& s : series) s.run();  // warm-up
+  for (int r = 0; r < rounds; ++r) {
+    for (auto& s : series) s.t.push_back(td_bench::timed_max_over_ranks(s.run));
+    if (rank == 0) std::fprintf(stderr, "\r[bench_backward] round %d/%d", r + 1, rounds);
+  }
+  if (rank == 0) std::fprintf(stderr, "\n");
+
+  if (rank == 0) {
+    const auto m = td_bench::machine_info();
+    auto med = [&](std::size_t i) { return td_bench::median_of(series[i].t) * 1e3; };
+    fmt::print("# bench_backward: simulated backward over {} ({} leaves, {}), AVG\n", w.name,
+               w.leaves.size(), td_bench::human_bytes(static_cast<double>(total_bytes)));
+    fmt::print("# machine: {}, {} CPUs online, {}\n# MPI: {}\n# memory: {}\n", m.host,
+               m.online_cpus, m.cpu, m.mpi_version, m.memory);
+    fmt::print(
+        "# ranks: {}; rounds: {}; compute = {:.2f} x communication = {:.2f} ms in {} "
+        "layers; Reducer: {} buckets (auto cap); medians of the max over ranks\n",
+        size, rounds, compute_ratio, compute_total * 1e3, layers.size(), reducer.num_buckets());
+    fmt::print("{:<44} {:>10}\n", "variant", "median ms");
+    for (std::size_t i = 0; i < series.size(); ++i)
+      fmt::print("{:<44} {:>10.2f}\n", series[i].name, med(i));
+    const double comm = med(1), raw = med(3);
+    auto summary = [&](const char* kind, std::size_t alone, std::size_t after, std::size_t red) {
+      const double bound = std::max(med(alone), comm);
+      const double hidden = (med(alone) + comm - med(red)) / comm * 100.0;
+      fmt::print(
+          "# {}: Reducer step / max(compute, communication) = {:.2f}x; hidden {:.0f}% of "
+          "the communication; backward-then-all_reduce / Reducer = {:.2f}x\n",
+          kind, med(red) / bound, std::clamp(hidden, 0.0, 100.0), med(after) / med(red));
+    };
+    summary("idle", 4, 5, 6);
+    fmt::print(
+        "# idle, BF16: Reducer step / max(compute, communication) = {:.2f}x; "
+        "backward-then-all_reduce / Reducer BF16 = {:.2f}x\n",
+        med(7) / std::max(med(4), comm), med(5) / med(7));
+    summary("spin", 8, 9, 10);
+    fmt::print(
+        "# Reducer buckets alone / pre-packed MPI_Allreduce = {:.2f}x; BF16 buckets alone / "
+        "uncompressed = {:.2f}x; extra memory beyond the buckets: 0 B (BF16: its 16-bit "
+        "copy, {})\n",
+        med(1) / raw, med(2) / med(1), td_bench::human_bytes(static_cast<double>(total_bytes) / 2));
+  }
+  td::destroy_process_group();
+  return static_cast<int>(g_sink < -1);
+}
