@@ -146,6 +146,12 @@ class TD_API TensorDict {
   /// leaves are valid after every returned Work's wait()).
   std::vector<Work> reduce_scatter(TensorDict& out, ReduceOp op = ReduceOp::SUM,
                                    const CollectiveOptions& opts = {}) const;
+  /// Uneven reduce_scatter: rows_per_rank[r] rows of every leaf's first dimension go to rank r
+  /// (the sizes must sum to every leaf's first dimension and agree on every rank). Returns this
+  /// rank's reduced rows; one MPI_Reduce_scatter with per-rank counts per bucket. Runs to
+  /// completion even with opts.async_op.
+  TensorDict reduce_scatter(const std::vector<std::int64_t>& rows_per_rank,
+                            ReduceOp op = ReduceOp::SUM, const CollectiveOptions& opts = {}) const;
 
  private:
   friend struct detail::DictAccess;

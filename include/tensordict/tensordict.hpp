@@ -11,6 +11,7 @@
 #include "tensordict/tensor.hpp"
 #include "tensordict/tensor_dict.hpp"
 #include "tensordict/tensorclass.hpp"
+#include "tensordict/transport.hpp"
 #include "tensordict/version.hpp"
 #include "tensordict/work.hpp"
 

@@ -1,5 +1,5 @@
 // The metadata encoder and its validating decoder (see dict_wire.hpp and docs/transport.md).
-#include "comm/dict_wire.hpp"
+#include "dict_wire.hpp"  // same folder: the serial test and the fuzzer compile this file too
 
 #include <algorithm>
 #include <bit>
@@ -32,21 +32,27 @@ class Writer {
  public:
   template <class T>
   void put(T v) {
-    const auto* p = reinterpret_cast<const std::byte*>(&v);
-    out_.insert(out_.end(), p, p + sizeof(T));
+    append(&v, sizeof(T));
   }
-  void put_bytes(std::string_view s) {
-    const auto* p = reinterpret_cast<const std::byte*>(s.data());
-    out_.insert(out_.end(), p, p + s.size());
-  }
+  void put_bytes(std::string_view s) { append(s.data(), s.size()); }
   void put_shape(const Shape& s) {
     put(static_cast<std::uint8_t>(s.size()));
     for (const std::int64_t d : s) put(d);
   }
-  std::vector<std::byte> take() { return std::move(out_); }
+  std::vector<std::byte> take() {
+    out_.resize(used_);
+    return std::move(out_);
+  }
 
  private:
+  void append(const void* p, std::size_t n) {
+    if (used_ + n > out_.size())
+      out_.resize(std::max<std::size_t>(2 * out_.size(), used_ + n + 64));
+    std::memcpy(out_.data() + used_, p, n);
+    used_ += n;
+  }
   std::vector<std::byte> out_;
+  std::size_t used_ = 0;
 };
 
 void encode_dict(const DictLayout& layout, std::uint32_t index, Writer& w) {
@@ -109,7 +115,8 @@ class Reader {
 std::uint64_t checked_numel(const Shape& s, DType dtype, std::size_t at) {
   std::uint64_t n = 1;
   for (const std::int64_t d : s) {
-    if (d < 0) reject(at, fmt::format("negative dimension {} in shape [{}]", d, fmt::join(s, ", ")));
+    if (d < 0)
+      reject(at, fmt::format("negative dimension {} in shape [{}]", d, fmt::join(s, ", ")));
     if (d != 0 && n > kWireMaxStreamBytes / static_cast<std::uint64_t>(d))
       reject(at, fmt::format("shape [{}] has too many elements", fmt::join(s, ", ")));
     n *= static_cast<std::uint64_t>(d);
@@ -227,8 +234,9 @@ class Decoder {
 };
 
 std::uint64_t numel_of(const Shape& s) {
-  return std::accumulate(s.begin(), s.end(), std::uint64_t{1},
-                         [](std::uint64_t a, std::int64_t d) { return a * static_cast<std::uint64_t>(d); });
+  return std::accumulate(s.begin(), s.end(), std::uint64_t{1}, [](std::uint64_t a, std::int64_t d) {
+    return a * static_cast<std::uint64_t>(d);
+  });
 }
 
 // Assigns every leaf its offsets in the streams (see DictLayout) and sums the streams' sizes;
@@ -279,7 +287,8 @@ void describe_into(const TensorDict& d, DictLayout& layout, std::uint32_t index,
       describe_into(d.get_dict(k), layout, e.index, path, tensors);
     } else {
       const Tensor& t = d.get(k);
-      if (!t.defined()) throw Error(fmt::format("key '{}' holds an undefined tensor", Key(path).str()));
+      if (!t.defined())
+        throw Error(fmt::format("key '{}' holds an undefined tensor", Key(path).str()));
       WireLeaf l;
       l.path = path;
       l.dtype = t.dtype();
@@ -287,8 +296,8 @@ void describe_into(const TensorDict& d, DictLayout& layout, std::uint32_t index,
       l.sparse = t.is_sparse();
       if (l.sparse) l.nnz = t.nnz();
       if (l.shape.size() > kWireMaxDims)
-        throw Error(fmt::format("key '{}' has more than {} dimensions", Key(path).str(),
-                                kWireMaxDims));
+        throw Error(
+            fmt::format("key '{}' has more than {} dimensions", Key(path).str(), kWireMaxDims));
       e.index = static_cast<std::uint32_t>(layout.leaves.size());
       layout.leaves.push_back(std::move(l));
       tensors.push_back(t);
@@ -299,9 +308,7 @@ void describe_into(const TensorDict& d, DictLayout& layout, std::uint32_t index,
 }
 
 // A 1-D view of `n` elements of `stream` from element `offset`, shaped `shape`.
-Tensor view_in(const Tensor& stream, std::uint64_t offset, std::uint64_t n, const Shape& shape,
-               DType dtype) {
-  if (n == 0) return Tensor::empty(shape, dtype);
+Tensor view_in(const Tensor& stream, std::uint64_t offset, std::uint64_t n, const Shape& shape) {
   return stream.slice(0, static_cast<std::int64_t>(offset), static_cast<std::int64_t>(offset + n))
       .view(shape);
 }
@@ -318,19 +325,19 @@ TensorDict build(const DictLayout& layout, std::uint32_t index,
     const WireLeaf& l = layout.leaves[e.index];
     const Tensor& stream = streams[static_cast<std::size_t>(l.dtype)];
     if (!l.sparse) {
-      out.set(Key(e.name), view_in(stream, l.offset, numel_of(l.shape), l.shape, l.dtype));
+      out.set(Key(e.name), view_in(stream, l.offset, numel_of(l.shape), l.shape));
       continue;
     }
     const auto ndim = static_cast<std::int64_t>(l.shape.size());
     const auto nnz = static_cast<std::uint64_t>(l.nnz);
     Tensor indices = view_in(streams[static_cast<std::size_t>(DType::Int64)], l.indices_offset,
-                             nnz * l.shape.size(), {ndim, l.nnz}, DType::Int64);
-    Tensor values = view_in(stream, l.offset, nnz, {l.nnz}, l.dtype);
+                             nnz * l.shape.size(), {ndim, l.nnz});
+    Tensor values = view_in(stream, l.offset, nnz, {l.nnz});
     try {
       out.set(Key(e.name), Tensor::sparse_coo(std::move(indices), std::move(values), l.shape));
     } catch (const std::invalid_argument& err) {
-      throw Error(fmt::format("received sparse leaf '{}' is invalid: {}", Key(l.path).str(),
-                              err.what()));
+      throw Error(
+          fmt::format("received sparse leaf '{}' is invalid: {}", Key(l.path).str(), err.what()));
     }
   }
   return out;
@@ -398,28 +405,34 @@ void pack_stream(const DictLayout& layout, const std::vector<Tensor>& tensors, D
     const Tensor& t = tensors[i];
     if (!l.sparse) {
       const std::uint64_t n = numel_of(l.shape);
-      if (l.dtype == dtype && n > 0) view_in(dst, l.offset, n, l.shape, dtype).copy_(t);
+      if (l.dtype == dtype && n > 0) view_in(dst, l.offset, n, l.shape).copy_(t);
       continue;
     }
     const auto nnz = static_cast<std::uint64_t>(l.nnz);
     if (nnz == 0) continue;
-    if (l.dtype == dtype) view_in(dst, l.offset, nnz, {l.nnz}, dtype).copy_(t.values());
+    if (l.dtype == dtype) view_in(dst, l.offset, nnz, {l.nnz}).copy_(t.values());
     if (dtype == DType::Int64 && !l.shape.empty())
       view_in(dst, l.indices_offset, nnz * l.shape.size(),
-              {static_cast<std::int64_t>(l.shape.size()), l.nnz}, dtype)
+              {static_cast<std::int64_t>(l.shape.size()), l.nnz})
           .copy_(t.indices());
   }
 }
 
 TensorDict materialize(const DictLayout& layout, const std::array<Tensor, kNumDTypes>& streams) {
   for (std::size_t k = 0; k < kNumDTypes; ++k) {
-    const std::uint64_t have = streams[k].defined() ? static_cast<std::uint64_t>(streams[k].numel()) : 0;
+    const std::uint64_t have =
+        streams[k].defined() ? static_cast<std::uint64_t>(streams[k].numel()) : 0;
     if (have != layout.stream_elems[k])
-      throw Error(fmt::format("transport: {} {} elements received where the metadata says {}",
-                              have, name(static_cast<DType>(k)), layout.stream_elems[k]));
+      throw Error(fmt::format("transport: {} {} elements received where the metadata says {}", have,
+                              name(static_cast<DType>(k)), layout.stream_elems[k]));
   }
+  // Leaves without elements are views too (of an empty stream where the dtype has no data), so
+  // that the result is consolidated.
+  std::array<Tensor, kNumDTypes> all = streams;
+  for (std::size_t k = 0; k < kNumDTypes; ++k)
+    if (!all[k].defined()) all[k] = Tensor::empty({0}, static_cast<DType>(k));
   try {
-    return build(layout, 0, streams);
+    return build(layout, 0, all);
   } catch (const std::invalid_argument& err) {
     throw Error(fmt::format("transport: the received layout is invalid: {}", err.what()));
   }

@@ -522,8 +522,8 @@ TensorDict TensorDict::reduce_scatter(const std::vector<std::int64_t>& rows_per_
     }
   }
   // The sizes are part of the agreed call (a rank passing other sizes is a mismatch everywhere).
-  const std::string what = fmt::format("TensorDict.reduce_scatter[rows_per_rank={}]",
-                                       fmt::join(rows_per_rank, ","));
+  const std::string what =
+      fmt::format("TensorDict.reduce_scatter[rows_per_rank={}]", fmt::join(rows_per_rank, ","));
   CollectiveOptions sync = opts;
   sync.async_op = false;
   const auto prepared = detail::prepare_collective(
@@ -533,7 +533,8 @@ TensorDict TensorDict::reduce_scatter(const std::vector<std::int64_t>& rows_per_
   const BucketPlan& plan = *prepared.plan;
   const auto size = static_cast<std::size_t>(g.size);
   const auto me = static_cast<std::size_t>(g.rank);
-  std::vector<std::int64_t> first_row(size + 1, 0);  // rank r's rows: [first_row[r], first_row[r+1])
+  std::vector<std::int64_t> first_row(size + 1,
+                                      0);  // rank r's rows: [first_row[r], first_row[r+1])
   for (std::size_t r = 0; r < size; ++r) first_row[r + 1] = first_row[r] + rows_per_rank[r];
   const std::int64_t mine = rows_per_rank[me];
 

@@ -1,0 +1,317 @@
+// Transport without a prior layout (broadcast_dict, send_dict / recv_dict, all_gather_dicts,
+// gather_dicts, scatter_dicts) and the uneven TensorDict::reduce_scatter, against dicts every
+// rank can build for any other rank: every dtype, nested keys, a sub-dict with a longer batch
+// size, an empty sub-dict, sparse, empty, 0-d, strided and aliased leaves, a ragged number of
+// rows and keys that only some ranks hold.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <complex>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <tensordict/tensordict.hpp>
+
+using td::DType;
+using td::Key;
+using td::ReduceOp;
+using td::Tensor;
+using td::TensorDict;
+
+namespace {
+
+// Element i of a leaf is (base + i) in the dtype (modulo what small types hold; exact in all).
+Tensor filled(DType dtype, const td::Shape& shape, int base) {
+  Tensor t = Tensor::empty(shape, dtype);
+  td::visit(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* p = t.data<T>();
+    for (std::int64_t i = 0; i < t.numel(); ++i) {
+      const int v = (base + static_cast<int>(i)) % 100;
+      if constexpr (std::is_same_v<T, bool>) {
+        p[i] = v % 2 == 1;
+      } else {
+        p[i] = static_cast<T>(static_cast<float>(v));
+      }
+    }
+  });
+  return t;
+}
+
+constexpr DType kDTypes[] = {DType::Bool,    DType::UInt8,   DType::Int8,      DType::Int16,
+                             DType::Int32,   DType::Int64,   DType::Float16,   DType::BFloat16,
+                             DType::Float32, DType::Float64, DType::Complex64, DType::Complex128};
+
+// Rank `who`'s dict: who + 1 rows, and keys that depend on who.
+TensorDict rich(int who) {
+  const std::int64_t rows = who + 1;
+  TensorDict d;
+  d.set("scalar", Tensor::full<double>({}, 0.5 + who));  // 0-d
+  TensorDict batched(td::Shape{rows});
+  for (const DType dt : kDTypes)
+    batched.set({"dtypes", std::string(td::name(dt))}, filled(dt, {rows, 2}, who * 7 + 3));
+  batched.set({"nested", "deep", "strided"},
+              filled(DType::Float32, {3, rows}, who).transpose(0, 1));
+  batched.set({"nested", "empty"}, Tensor::empty({rows, 0}, DType::Float64));
+  batched.set("alias", batched.get({"dtypes", "float32"}));
+  TensorDict longer(td::Shape{rows, 2});
+  longer.set("x", filled(DType::Int32, {rows, 2, 5}, who + 11));
+  batched.set("longer", std::move(longer));
+  batched.set("empty_dict", TensorDict(td::Shape{rows}));
+  const Tensor idx = Tensor::from_vector<std::int64_t>({0, rows - 1, 1, 3}, {2, 2});
+  batched.set("sparse", Tensor::sparse_coo(idx, filled(DType::Float64, {2}, who + 5), {rows, 4}));
+  if (who % 2 == 1) batched.set("only_odd", filled(DType::Int16, {rows, 7}, who));
+  d.set("batched", std::move(batched));
+  return d;
+}
+
+// Same keys (nested, empty sub-dicts included), batch sizes and leaf values.
+bool same(const TensorDict& a, const TensorDict& b) {
+  if (!a.equal(b)) return false;
+  const auto ka = a.keys(true), kb = b.keys(true);
+  if (ka.size() != kb.size()) return false;
+  for (const Key& k : ka) {
+    if (!b.contains(k) || a.is_dict(k) != b.is_dict(k)) return false;
+    if (a.is_dict(k) && a.get_dict(k).batch_size() != b.get_dict(k).batch_size()) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("broadcast_dict delivers the source's dict to ranks that hold nothing", "[transport]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  for (int src = 0; src < size; ++src) {
+    const TensorDict got = td::broadcast_dict(rank == src ? rich(src) : TensorDict(), src);
+    CHECK(same(got, rich(src)));
+    if (rank != src) CHECK(got.is_consolidated());
+  }
+  // A consolidated source is sent in place; the result is the same.
+  TensorDict source = rich(size - 1).clone();
+  source.consolidate();
+  const TensorDict got = td::broadcast_dict(source, size - 1, {.bucket_bytes = 4096});
+  CHECK(same(got, rich(size - 1)));
+  // An empty dict travels too.
+  CHECK(td::broadcast_dict(TensorDict(), 0).keys().empty());
+}
+
+TEST_CASE("send_dict and recv_dict move a dict to a rank that holds nothing", "[transport]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  if (size < 2) return;
+  const int peer = rank % 2 == 0 ? rank + 1 : rank - 1;
+  if (peer >= size) return;
+  const td::CollectiveOptions tagged{.tag = 3};
+  if (rank % 2 == 0) {
+    td::send_dict(rich(rank), peer);
+    td::send_dict(rich(rank + 20), peer, tagged);
+    CHECK(same(td::recv_dict(peer), rich(peer)));
+  } else {
+    const TensorDict first = td::recv_dict(peer);
+    CHECK(same(first, rich(peer)));
+    CHECK(first.is_consolidated());
+    CHECK(same(td::recv_dict(peer, tagged), rich(peer + 20)));
+    TensorDict consolidated = rich(rank).clone();
+    consolidated.consolidate();
+    td::send_dict(consolidated, peer);
+  }
+}
+
+TEST_CASE("all_gather_dicts and gather_dicts take dicts that differ per rank", "[transport]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  const auto all = td::all_gather_dicts(rich(rank));
+  REQUIRE(all.size() == static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    CHECK(same(all[static_cast<std::size_t>(r)], rich(r)));
+    CHECK(all[static_cast<std::size_t>(r)].is_consolidated());
+  }
+  for (int dst = 0; dst < size; ++dst) {
+    const auto at = td::gather_dicts(rich(rank), dst);
+    REQUIRE(at.size() == (rank == dst ? static_cast<std::size_t>(size) : 0U));
+    for (std::size_t r = 0; r < at.size(); ++r) CHECK(same(at[r], rich(static_cast<int>(r))));
+  }
+  // Ranks whose dicts are empty, or hold different dtypes only.
+  TensorDict mine;
+  if (rank % 2 == 0) mine.set("only_even", filled(DType::Complex64, {3}, rank));
+  const auto mixed = td::all_gather_dicts(mine);
+  for (int r = 0; r < size; ++r)
+    CHECK(mixed[static_cast<std::size_t>(r)].keys().size() == (r % 2 == 0 ? 1U : 0U));
+}
+
+TEST_CASE("scatter_dicts hands each rank its own part", "[transport]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  for (int src = 0; src < size; ++src) {
+    std::vector<TensorDict> parts;
+    if (rank == src)
+      for (int r = 0; r < size; ++r) parts.push_back(rich(r + 10));
+    const TensorDict mine = td::scatter_dicts(parts, src);
+    CHECK(same(mine, rich(rank + 10)));
+    CHECK(mine.is_consolidated());
+  }
+}
+
+TEST_CASE("transport in a group that leaves ranks out", "[transport]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  std::vector<int> evens;
+  for (int r = 0; r < size; r += 2) evens.push_back(r);
+  const td::ProcessGroup group = td::new_group(evens);
+  if (rank % 2 != 0) return;
+  const td::CollectiveOptions opts{.group = group};
+  const int me = group.rank(), n = group.size();
+  CHECK(same(td::broadcast_dict(me == n - 1 ? rich(7) : TensorDict(), n - 1, opts), rich(7)));
+  const auto all = td::all_gather_dicts(rich(me), opts);
+  for (int r = 0; r < n; ++r) CHECK(same(all[static_cast<std::size_t>(r)], rich(r)));
+  std::vector<TensorDict> parts;
+  if (me == 0)
+    for (int r = 0; r < n; ++r) parts.push_back(rich(r + 1));
+  CHECK(same(td::scatter_dicts(parts, 0, opts), rich(me + 1)));
+  if (n >= 2) {
+    if (me == 0) td::send_dict(rich(4), 1, opts);
+    if (me == 1) CHECK(same(td::recv_dict(0, opts), rich(4)));
+  }
+}
+
+namespace {
+struct Policy : td::TensorClass<Policy> {
+  Tensor weight;  // float32 [4, 3]
+  Tensor bias;    // float64 [3]
+  TD_TENSORCLASS_FIELDS(Policy, weight, bias)
+};
+}  // namespace
+
+TEST_CASE("a tensorclass round trip through broadcast_dict and all_gather_dicts", "[transport]") {
+  const int rank = td::get_rank();
+  Policy p;
+  if (rank == 0) {
+    p.weight = filled(DType::Float32, {4, 3}, 1);
+    p.bias = filled(DType::Float64, {3}, 2);
+  }
+  const Policy got =
+      Policy::from_tensordict(td::broadcast_dict(rank == 0 ? p.to_tensordict() : TensorDict(), 0));
+  CHECK(got.weight.equal(filled(DType::Float32, {4, 3}, 1)));
+  CHECK(got.bias.equal(filled(DType::Float64, {3}, 2)));
+  Policy mine;
+  mine.weight = filled(DType::Float32, {4, 3}, rank);
+  mine.bias = filled(DType::Float64, {3}, rank);
+  const auto all = td::all_gather_dicts(mine.to_tensordict());
+  for (std::size_t r = 0; r < all.size(); ++r)
+    CHECK(Policy::from_tensordict(all[r]).weight.equal(
+        filled(DType::Float32, {4, 3}, static_cast<int>(r))));
+}
+
+TEST_CASE("reduce_scatter with rows per rank", "[transport][reduce_scatter]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  // mpi4py's test_cco_buf: rank r gets r + 1 rows (6 rows at 3 ranks: 1/2/3); a rank may get 0.
+  for (const bool with_zero : {false, true}) {
+    std::vector<std::int64_t> rows_per_rank;
+    for (int r = 0; r < size; ++r) rows_per_rank.push_back(with_zero && r == 0 ? 0 : r + 1);
+    std::int64_t rows = 0, first = 0;
+    for (int r = 0; r < size; ++r) {
+      if (r < rank) first += rows_per_rank[static_cast<std::size_t>(r)];
+      rows += rows_per_rank[static_cast<std::size_t>(r)];
+    }
+    const std::int64_t mine = rows_per_rank[static_cast<std::size_t>(rank)];
+    auto dict_of = [&](int who) {
+      TensorDict d(td::Shape{rows});
+      d.set("a", filled(DType::Float32, {rows, 3}, who));
+      d.set({"n", "b"}, filled(DType::Int64, {rows}, who + 1));
+      d.set({"n", "c"}, filled(DType::Float64, {3, rows}, who + 2).transpose(0, 1));
+      return d;
+    };
+    for (const std::optional<std::size_t> cap :
+         {std::optional<std::size_t>{}, std::optional<std::size_t>{64}}) {
+      const TensorDict shard =
+          dict_of(rank).reduce_scatter(rows_per_rank, ReduceOp::SUM, {.bucket_bytes = cap});
+      CHECK(shard.batch_size() == td::Shape{mine});
+      for (const Key& k : {Key("a"), Key({"n", "b"}), Key({"n", "c"})}) {
+        Tensor want;
+        for (int who = 0; who < size; ++who) {
+          const Tensor rows_of = dict_of(who).get(k).slice(0, first, first + mine).contiguous();
+          if (!want.defined()) {
+            want = rows_of.clone();
+            continue;
+          }
+          td::visit(want.dtype(), [&](auto tag) {
+            using T = typename decltype(tag)::type;
+            if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
+              T* w = want.data<T>();
+              const T* x = rows_of.data<T>();
+              for (std::int64_t i = 0; i < want.numel(); ++i) w[i] += x[i];
+            }
+          });
+        }
+        CHECK(shard.get(k).equal(want));
+      }
+    }
+  }
+  // 6 rows at 3 ranks split 1/2/3: the even overload cannot, this one does.
+  if (size == 3) {
+    TensorDict d(td::Shape{6});
+    d.set("x", Tensor::from_vector<float>({0, 1, 2, 3, 4, 5}));
+    const TensorDict shard = d.reduce_scatter({1, 2, 3}, ReduceOp::AVG);
+    const std::vector<std::vector<float>> want = {{0}, {1, 2}, {3, 4, 5}};
+    CHECK(shard.get("x").to_vector<float>() == want[static_cast<std::size_t>(rank)]);
+  }
+}
+
+TEST_CASE("transport errors are raised on every rank before data moves", "[transport][errors]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  CHECK_THROWS_AS(td::broadcast_dict(rich(0), size), std::invalid_argument);
+  CHECK_THROWS_AS(td::gather_dicts(rich(0), -1), std::invalid_argument);
+  CHECK_THROWS_AS(td::all_gather_dicts(rich(0), {.async_op = true}), std::invalid_argument);
+  // async_op or a bad bucket size on one rank only: every rank raises.
+  CHECK_THROWS_AS(td::all_gather_dicts(rich(0), {.async_op = rank == size - 1}),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(
+      td::broadcast_dict(
+          rich(0), 0,
+          {.bucket_bytes = rank == size - 1 ? std::optional<std::size_t>(0) : std::nullopt}),
+      std::invalid_argument);
+  // The source passes no parts, or too few.
+  CHECK_THROWS_WITH(td::scatter_dicts({}, 0), Catch::Contains("0 parts for a group"));
+  // A moved-from dict on the source.
+  TensorDict gone = rich(0);
+  TensorDict taken = std::move(gone);
+  CHECK_THROWS_AS(td::broadcast_dict(gone, 0),
+                  std::invalid_argument);  // NOLINT(bugprone-use-after-move)
+  // Uneven reduce_scatter: sizes that do not sum to the rows, that differ per rank, negative.
+  TensorDict d(td::Shape{4});
+  d.set("x", filled(DType::Float32, {4}, 0));
+  CHECK_THROWS_AS(d.reduce_scatter(std::vector<std::int64_t>(static_cast<std::size_t>(size), 5)),
+                  std::invalid_argument);
+  if (size > 1) {
+    std::vector<std::int64_t> rows(static_cast<std::size_t>(size), 0);
+    rows[static_cast<std::size_t>(rank == 0 ? 0 : size - 1)] = 4;
+    CHECK_THROWS_AS(d.reduce_scatter(rows), td::LayoutMismatchError);
+    CHECK_THROWS_AS(d.reduce_scatter(std::vector<std::int64_t>(1, 4)), std::invalid_argument);
+  }
+  std::vector<std::int64_t> negative(static_cast<std::size_t>(size), 0);
+  negative[0] = 5;
+  if (size > 1) negative[1] = -1;
+  CHECK_THROWS_AS(d.reduce_scatter(negative), std::invalid_argument);
+  // Point to point: a bad peer is a local error; a sender's bad option reaches the receiver.
+  CHECK_THROWS_AS(td::send_dict(rich(0), rank), std::invalid_argument);
+  CHECK_THROWS_AS(td::recv_dict(size), std::invalid_argument);
+  if (size >= 2 && rank < 2) {
+    if (rank == 0) {
+      CHECK_THROWS_AS(td::send_dict(rich(0), 1, {.async_op = true}), std::invalid_argument);
+      CHECK_THROWS_WITH(td::send_dict(rich(0), 1), Catch::Contains("did not accept"));
+    } else {
+      CHECK_THROWS_WITH(td::recv_dict(0), Catch::Contains("async_op"));
+      CHECK_THROWS_AS(td::recv_dict(0, {.async_op = true}), std::invalid_argument);
+    }
+  }
+  // The group is still usable.
+  CHECK(same(td::broadcast_dict(rank == 0 ? rich(2) : TensorDict(), 0), rich(2)));
+}
+
+TEST_CASE("recv_dict from a rank that never sends times out", "[transport][errors]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  if (size < 2 || rank != 1) return;
+  const auto start = std::chrono::steady_clock::now();
+  // A tag no other test uses: the abandoned receive must not take a later message.
+  CHECK_THROWS_AS(td::recv_dict(0, {.timeout = std::chrono::milliseconds(200), .tag = 999}),
+                  td::TimeoutError);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+}
