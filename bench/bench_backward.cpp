@@ -131,10 +131,14 @@ int main(int argc, char** argv) {
     compute_alone(work);
     plain.all_reduce(td::ReduceOp::AVG, auto_opts);
   };
+  std::vector<double> mark_us;  // every mark_ready of the uncompressed Reducer, in microseconds
   auto with_reducer = [&](const Work& work, td::Reducer& r) {
     for (const auto& l : layers) {
       work(compute_total * l.share);
+      const auto t0 = Clock::now();
       r.mark_ready(l.key);
+      if (&r == &reducer)
+        mark_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
     }
     r.finish();
   };
@@ -163,6 +167,7 @@ int main(int argc, char** argv) {
     if (rank == 0) std::fprintf(stderr, "\r[bench_backward] round %d/%d", r + 1, rounds);
   }
   if (rank == 0) std::fprintf(stderr, "\n");
+  std::sort(mark_us.begin(), mark_us.end());
 
   if (rank == 0) {
     const auto m = td_bench::machine_info();
@@ -199,6 +204,11 @@ int main(int argc, char** argv) {
         "copy, {})\n",
         med(1) / raw, med(2) / med(1), td_bench::human_bytes(static_cast<double>(total_bytes) / 2));
   }
+  if (rank == 0)
+    fmt::print(
+        "# mark_ready (one layer's sub-dict, launching the buckets it completes): median "
+        "{:.1f} us, max {:.1f} us over {} calls\n",
+        td_bench::median_of(mark_us), mark_us.back(), mark_us.size());
   td::destroy_process_group();
   return static_cast<int>(g_sink < -1);
 }

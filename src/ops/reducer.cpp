@@ -123,6 +123,7 @@ struct Reducer::Impl {
   std::string layout_error;  // a layout change found in this step: finish() throws it
   std::string failure;       // a failed finish(): every later call throws it
   std::uint64_t generation = 0, stamp = 0;
+  std::vector<std::shared_ptr<detail::WorkState>> launched;  // by this call (capacity reserved)
 
   ~Impl() {
     for (auto& b : buckets) {
@@ -260,12 +261,21 @@ struct Reducer::Impl {
                                TD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, wire + off, n, type, mop,
                                                            group->comm, &st->requests.back()));
                              });
-    detail::progress_add(st);
+    launched.push_back(st);
     bk.work = std::move(st);
   }
 
-  void launch_ready() {
-    while (next < buckets.size() && buckets[next].pending == 0) launch(next++);
+  // Launches the buckets now complete, in order, and hands them to the progress thread together:
+  // while it polls, each MPI call of this thread waits on Open MPI's locks.
+  void launch_ready(bool all = false) {
+    launched.clear();
+    try {
+      while (next < buckets.size() && (all || buckets[next].pending == 0)) launch(next++);
+    } catch (...) {
+      if (!launched.empty()) detail::progress_add(launched);
+      throw;
+    }
+    if (!launched.empty()) detail::progress_add(launched);
   }
 
   void reset_step() {
@@ -437,6 +447,7 @@ Reducer::Reducer(TensorDict& grads, ReducerOptions opts) : impl_(std::make_uniqu
         bk.leaves.size(), m.leaves[bk.leaves[0]].key.str(), m.group->size);
   }
 
+  m.launched.reserve(m.buckets.size());
   // Remember what each leaf is now, for the layout check of every step.
   const auto& refs = detail::DictAccess::canonical(grads);
   for (std::size_t i = 0; i < refs.size(); ++i) {
@@ -502,7 +513,7 @@ void Reducer::finish() {
   // alone would leave the others waiting for its buckets until their timeout.
   std::string error;
   try {
-    while (m.next < m.buckets.size()) m.launch(m.next++);
+    m.launch_ready(/*all=*/true);
   } catch (const std::exception& e) {
     error = e.what();
   }
