@@ -7,7 +7,6 @@
 #include <numeric>
 #include <stdexcept>
 #include <string_view>
-#include <unordered_set>
 #include <utility>
 
 #include <fmt/format.h>
@@ -138,8 +137,7 @@ class Decoder {
         reject(at, fmt::format("format version {} (this build reads version {})", b, m));
       if (b != m) reject(at, "not transport metadata (bad magic bytes)");
     }
-    std::vector<std::string> path;
-    dict(path, Shape{}, 0);
+    dict(Shape{}, 0);
     if (r_.left() != 0) reject(r_.pos(), fmt::format("{} trailing bytes", r_.left()));
     return std::move(out_);
   }
@@ -159,7 +157,7 @@ class Decoder {
     return s.size() >= prefix.size() && std::equal(prefix.begin(), prefix.end(), s.begin());
   }
 
-  std::uint32_t dict(std::vector<std::string>& path, const Shape& parent_batch, std::size_t depth) {
+  std::uint32_t dict(const Shape& parent_batch, std::size_t depth) {
     if (depth > kWireMaxDepth)
       reject(r_.pos(), fmt::format("dicts nested more than {} deep", kWireMaxDepth));
     const auto index = static_cast<std::uint32_t>(out_.dicts.size());
@@ -177,25 +175,21 @@ class Decoder {
       reject(count_at, fmt::format("{} entries claimed, {} bytes left", count, r_.left()));
     std::vector<WireDict::Entry> entries;
     entries.reserve(count);
-    std::unordered_set<std::string> names;
     for (std::uint32_t i = 0; i < count; ++i) {
       const std::size_t at = r_.pos();
       const auto len = r_.get<std::uint16_t>("a name length");
       if (len == 0) reject(at, "an empty key name");
-      std::string name = r_.get_bytes(len, "a name");
-      if (!names.insert(name).second) reject(at, fmt::format("key name '{}' appears twice", name));
+      std::string name = r_.get_bytes(len, "a name");  // duplicates: plan_streams
       const std::size_t kind_at = r_.pos();
       const auto kind = r_.get<std::uint8_t>("an entry kind");
-      path.push_back(name);
       WireDict::Entry e{std::move(name), kind == kEntryDict, 0};
       if (kind == kEntryDict) {
-        e.index = dict(path, batch, depth + 1);
+        e.index = dict(batch, depth + 1);
       } else if (kind == kEntryDense || kind == kEntrySparse) {
-        e.index = leaf(path, batch, kind == kEntrySparse);
+        e.index = leaf(batch, kind == kEntrySparse);
       } else {
         reject(kind_at, fmt::format("unknown entry kind {}", kind));
       }
-      path.pop_back();
       entries.push_back(std::move(e));
     }
     out_.dicts[index].batch = std::move(batch);
@@ -203,12 +197,11 @@ class Decoder {
     return index;
   }
 
-  std::uint32_t leaf(const std::vector<std::string>& path, const Shape& batch, bool sparse) {
+  std::uint32_t leaf(const Shape& batch, bool sparse) {
     const std::size_t at = r_.pos();
     const auto dt = r_.get<std::uint8_t>("a dtype");
     if (dt >= kNumDTypes) reject(at, fmt::format("unknown dtype {}", dt));
     WireLeaf l;
-    l.path = path;
     l.dtype = static_cast<DType>(dt);
     l.sparse = sparse;
     const std::size_t shape_at = r_.pos();
@@ -239,14 +232,36 @@ std::uint64_t numel_of(const Shape& s) {
   });
 }
 
+// Calls f(leaf index) for every leaf of dict `index` in canonical order: sorted full key paths
+// are a depth-first walk visiting each dict's entries sorted by name (no two entries of a dict
+// share a name, so a path's first differing part decides). Throws td::Error for a name that
+// appears twice in one dict (only a peer's metadata can hold one).
+template <class F>
+void for_each_canonical(const DictLayout& layout, std::uint32_t index, F&& f) {
+  const auto& entries = layout.dicts[index].entries;
+  std::vector<std::uint32_t> order(entries.size());
+  std::iota(order.begin(), order.end(), 0U);
+  std::sort(order.begin(), order.end(),
+            [&](std::uint32_t a, std::uint32_t b) { return entries[a].name < entries[b].name; });
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    const auto& e = entries[order[i]];
+    if (i > 0 && entries[order[i - 1]].name == e.name)
+      throw Error(fmt::format("invalid transport metadata: key name '{}' appears twice in one dict",
+                              e.name));
+    if (e.is_dict) {
+      for_each_canonical(layout, e.index, f);
+    } else {
+      f(e.index);
+    }
+  }
+}
+
 // Assigns every leaf its offsets in the streams (see DictLayout) and sums the streams' sizes;
 // throws td::Error when a stream would exceed kWireMaxStreamBytes.
 void plan_streams(DictLayout& layout) {
-  std::vector<std::uint32_t> order(layout.leaves.size());
-  std::iota(order.begin(), order.end(), 0U);
-  std::sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
-    return layout.leaves[a].path < layout.leaves[b].path;
-  });
+  std::vector<std::uint32_t> order;
+  order.reserve(layout.leaves.size());
+  for_each_canonical(layout, 0, [&](std::uint32_t i) { order.push_back(i); });
   auto& elems = layout.stream_elems;
   elems.fill(0);
   auto take = [&](DType dtype, std::uint64_t n) {
@@ -290,7 +305,6 @@ void describe_into(const TensorDict& d, DictLayout& layout, std::uint32_t index,
       if (!t.defined())
         throw Error(fmt::format("key '{}' holds an undefined tensor", Key(path).str()));
       WireLeaf l;
-      l.path = path;
       l.dtype = t.dtype();
       l.shape = t.shape();
       l.sparse = t.is_sparse();
@@ -336,8 +350,7 @@ TensorDict build(const DictLayout& layout, std::uint32_t index,
     try {
       out.set(Key(e.name), Tensor::sparse_coo(std::move(indices), std::move(values), l.shape));
     } catch (const std::invalid_argument& err) {
-      throw Error(
-          fmt::format("received sparse leaf '{}' is invalid: {}", Key(l.path).str(), err.what()));
+      throw Error(fmt::format("received sparse leaf '{}' is invalid: {}", e.name, err.what()));
     }
   }
   return out;

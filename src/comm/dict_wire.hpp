@@ -28,7 +28,6 @@ inline constexpr std::uint64_t kWireMaxMetadataBytes = std::uint64_t{1} << 30;
 
 /// One leaf of a dict on the wire.
 struct WireLeaf {
-  std::vector<std::string> path;  // full key
   DType dtype = DType::Float32;
   Shape shape;  // the dense shape (sparse leaves included)
   bool sparse = false;
