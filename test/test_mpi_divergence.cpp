@@ -14,6 +14,32 @@
 // still work on the same group. A rank stuck inside a call (a hang no timeout catches) is reported
 // by a watchdog thread, which ends the job.
 //
+// Kinds: what the deviant does differently -> what the docs promise (docs/reliability.md,
+// errors.md, collectives.md). A td::TimeoutError fails every kind: the promise is the result or a
+// prompt error, never a wait for the timeout.
+//   op, root                  -> td::LayoutMismatchError on every rank naming op= / dst= / src=
+//                                (an op a leaf's dtype lacks: std::invalid_argument naming it)
+//   async, bucket             -> LayoutMismatchError naming async / bucket_bytes, or the correct
+//                                result (both keep the promise)
+//   bad_root, zero_bucket     -> std::invalid_argument on every rank (one rank's bad argument)
+//   key_missing, key_renamed  -> LayoutMismatchError naming the key (renamed includes {"a", "b"}
+//   shape, dtype                 flattened to "a.b", which prints alike)
+//   contiguity                -> LayoutMismatchError naming the key (contiguity is agreed), or
+//                                the correct result
+//   tag, timeout              -> correct (collectives ignore tags; timeouts, max() included, only
+//                                bound waits)
+//   consolidate               -> correct (memory layout only)
+//   moved_from                -> the same error on every rank, naming "moved-from"
+//   part_contiguity           -> correct (scatter: src's parts hold a leaf as a transposed view)
+//   p2p_bucket, p2p_async,    -> correct (the sender chooses the messages, the receiver follows;
+//   p2p_timeout, p2p_contiguity, p2p_consolidate   a non-contiguous side is read or filled)
+//   p2p_key, p2p_shape, p2p_dtype -> LayoutMismatchError naming the key, on both sides
+//   p2p_zero_bucket           -> sender: std::invalid_argument at once, and its corrected retry
+//                                pairs with the waiting recv; receiver: ignored, or an error on
+//                                both sides
+//   p2p_tag_same              -> correct (a control round: both sides use one non-default tag)
+// Point-to-point rounds run one way (send/recv, others idle) or both ways at once (isend/irecv).
+//
 // Environment:
 //   TD_DIVERGENCE_SEED=S     first round's seed (default 16000); round i uses S + i, so
 //                            TD_DIVERGENCE_SEED=S TD_DIVERGENCE_ROUNDS=1 replays one round
