@@ -97,10 +97,13 @@ FUZZ_SECONDS ?= 20
 fuzz: deps
 	CXX=clang++ CC=clang $(CMAKE) -S . -B $(BUILD_DIR)-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTD_BUILD_FUZZ=ON \
 	  -DTD_BUILD_TESTS=OFF -DTD_BUILD_BENCHMARKS=OFF -DTD_BUILD_EXAMPLES=OFF
-	$(CMAKE) --build $(BUILD_DIR)-fuzz -j$(JOBS) --target fuzz_bucket_plan
+	$(CMAKE) --build $(BUILD_DIR)-fuzz -j$(JOBS) --target fuzz_bucket_plan fuzz_dict_wire
 	mkdir -p $(BUILD_DIR)-fuzz/corpus
 	ASAN_OPTIONS=detect_leaks=0 $(BUILD_DIR)-fuzz/bin/fuzz_bucket_plan -max_total_time=$(FUZZ_SECONDS) \
 	  -print_final_stats=1 $(BUILD_DIR)-fuzz/corpus
+	mkdir -p $(BUILD_DIR)-fuzz/corpus-dict-wire
+	ASAN_OPTIONS=detect_leaks=0 $(BUILD_DIR)-fuzz/bin/fuzz_dict_wire -max_total_time=$(FUZZ_SECONDS) \
+	  -print_final_stats=1 $(BUILD_DIR)-fuzz/corpus-dict-wire
 
 # The suite under AddressSanitizer + UndefinedBehaviorSanitizer, and under ThreadSanitizer
 # (which matters for the progress thread). Separate build trees; fault and install tests skipped.
