@@ -60,7 +60,7 @@ void idle_for(double seconds) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   td::init_process_group(argc, argv);
   CLI::App app{"bench_backward: a simulated backward pass with and without td::Reducer"};
   int rounds = 10;
@@ -117,6 +117,7 @@ int main(int argc, char** argv) {
   // The compute of a backward pass: as long as the Reducer's communication alone (median of 7),
   // the communication it has to hide; the hardest case, where neither side can cover the other.
   std::vector<double> c;
+  c.reserve(7);
   for (int i = 0; i < 7; ++i)
     c.push_back(td_bench::timed_max_over_ranks([&] { comm_reducer(reducer); }));
   double compute_total = td_bench::median_of(c) * compute_ratio;
@@ -211,4 +212,12 @@ int main(int argc, char** argv) {
         td_bench::median_of(mark_us), mark_us.back(), mark_us.size());
   td::destroy_process_group();
   return static_cast<int>(g_sink < -1);
+}
+
+int main(int argc, char** argv) noexcept {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    td::abort(fmt::format("bench_backward: {}", e.what()));
+  }
 }

@@ -151,12 +151,12 @@ TEST_CASE("reducer: buckets are the leaves' storage, in reverse canonical order 
   // last in canonical order); the empty leaf is in none.
   REQUIRE(reducer.num_buckets() == 2);
   CHECK(reducer.bucket_keys(0) == std::vector<Key>{Key("scale"), Key({"dec", "b"})});
-  CHECK(reducer.bucket_nbytes(0) == (1 + 12) * 8);
+  CHECK(reducer.bucket_nbytes(0) == std::size_t{1 + 12} * 8);
   const std::vector<Key> f32 = reducer.bucket_keys(1);
   const std::vector<Key> expected_f32 = {Key("head"), Key({"enc", "w"}), Key({"enc", "b"}),
                                          Key({"dec", "w"}), Key({"dec", "ln", "g"})};
   CHECK(f32 == expected_f32);
-  CHECK(reducer.bucket_nbytes(1) == (40 + 128 + 8 + 96 + 12) * 4);
+  CHECK(reducer.bucket_nbytes(1) == std::size_t{40 + 128 + 8 + 96 + 12} * 4);
   // Back to back in one storage, contiguous (the transposed leaf was copied into place).
   const float* p = grads.get("head").data<float>();
   CHECK(grads.get({"enc", "w"}).data<float>() == p + 40);

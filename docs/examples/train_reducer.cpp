@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
     auto gb = grads.get("b").array<float>();
     const auto w = params.get("w").array<float>().matrix();
     const float b = params.get("b").array<float>()(0);
-    for (int m = 0; m < kMicroBatches; ++m) {
+    for (Eigen::Index m = 0; m < kMicroBatches; ++m) {
       const auto x = data.x.middleRows(m * kMicroBatch, kMicroBatch);
       const auto y = data.y.segment(m * kMicroBatch, kMicroBatch);
       const Eigen::VectorXf residual = ((x * w).array() + b).matrix() - y;
