@@ -116,6 +116,25 @@ TEST_CASE("send_dict and recv_dict move a dict to a rank that holds nothing", "[
     consolidated.consolidate();
     td::send_dict(consolidated, peer);
   }
+  // Large leaves that are not consolidated go one message per leaf, from the leaves' own memory
+  // (a strided one made contiguous first).
+  TensorDict big;
+  big.set("a", filled(DType::Float32, {300, 300}, rank));
+  big.set({"b", "t"}, filled(DType::Float32, {200, 400}, rank + 1).transpose(0, 1));
+  big.set("c", filled(DType::Float64, {100000}, rank + 2));
+  big.set("small", filled(DType::Float64, {3}, rank + 3));
+  if (rank % 2 == 0) {
+    td::send_dict(big, peer);
+  } else {
+    TensorDict want;
+    want.set("a", filled(DType::Float32, {300, 300}, peer));
+    want.set({"b", "t"}, filled(DType::Float32, {200, 400}, peer + 1).transpose(0, 1));
+    want.set("c", filled(DType::Float64, {100000}, peer + 2));
+    want.set("small", filled(DType::Float64, {3}, peer + 3));
+    const TensorDict got = td::recv_dict(peer);
+    CHECK(same(got, want));
+    CHECK(got.is_consolidated());
+  }
 }
 
 TEST_CASE("all_gather_dicts and gather_dicts take dicts that differ per rank", "[transport]") {

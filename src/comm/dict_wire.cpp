@@ -411,6 +411,27 @@ const std::byte* stream_in_place(const DictLayout& layout, const std::vector<Ten
   return static_cast<const std::byte*>(anchor->raw_data());
 }
 
+std::vector<StreamSegment> stream_segments(const DictLayout& layout, DType dtype) {
+  std::vector<StreamSegment> out;
+  for (std::size_t i = 0; i < layout.leaves.size(); ++i) {
+    const WireLeaf& l = layout.leaves[i];
+    const auto leaf = static_cast<std::uint32_t>(i);
+    if (!l.sparse) {
+      const std::uint64_t n = numel_of(l.shape);
+      if (l.dtype == dtype && n > 0) out.push_back({l.offset, n, leaf, 0});
+      continue;
+    }
+    const auto nnz = static_cast<std::uint64_t>(l.nnz);
+    if (nnz == 0) continue;
+    if (l.dtype == dtype) out.push_back({l.offset, nnz, leaf, 1});
+    if (dtype == DType::Int64 && !l.shape.empty())
+      out.push_back({l.indices_offset, nnz * l.shape.size(), leaf, 2});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const StreamSegment& a, const StreamSegment& b) { return a.offset < b.offset; });
+  return out;
+}
+
 void pack_stream(const DictLayout& layout, const std::vector<Tensor>& tensors, DType dtype,
                  Tensor& dst) {
   for (std::size_t i = 0; i < layout.leaves.size(); ++i) {

@@ -75,6 +75,15 @@ DictLayout decode_layout(std::span<const std::byte> bytes);
 /// TensorDict::consolidate()) and no sparse leaf contributes to the stream; else null.
 const std::byte* stream_in_place(const DictLayout& layout, const std::vector<Tensor>& tensors,
                                  DType dtype);
+/// One run of a stream's elements: [offset, offset + count) of stream `dtype`, which holds leaf
+/// `leaf`'s dense elements (part 0), its sparse values (1) or its sparse indices (2).
+struct StreamSegment {
+  std::uint64_t offset = 0, count = 0;
+  std::uint32_t leaf = 0;
+  int part = 0;
+};
+/// The non-empty segments of stream `dtype`, in stream order (both sides derive the same list).
+std::vector<StreamSegment> stream_segments(const DictLayout& layout, DType dtype);
 /// Copies every leaf contributing to stream `dtype` into `dst` (a contiguous 1-D tensor of
 /// layout.stream_elems[dtype] elements), at its offset.
 void pack_stream(const DictLayout& layout, const std::vector<Tensor>& tensors, DType dtype,

@@ -330,9 +330,24 @@ std::vector<TensorDict> gather_dicts_impl(const TensorDict& value, bool all, int
 
 // ---- point to point ------------------------------------------------------------------------
 
-// The header of a send_dict: [0] 0 = ok, else the kind of the sender's error (then [1] is the
-// length of its text, which follows instead of the metadata); [1..] the size record.
-constexpr int kHeaderWords = 1 + kSizeWords;
+// The header of a send_dict: [0] 0 = ok, else the kind of the sender's error; [1] the length of
+// its text, which follows instead of the metadata; [2] the dtypes sent as one message per
+// segment (bit k, see stream_segments) rather than as one stream; [3..] the size record.
+constexpr int kHeaderWords = 3 + kSizeWords;
+constexpr std::size_t kFirstSizeWord = 3;
+// A sender that is not consolidated sends each leaf from its own memory (no pack copy) when
+// its leaves average at least this many bytes; smaller leaves are packed into one message.
+constexpr std::uint64_t kSegmentBytes = 64 * 1024;
+
+// Where segment `seg` of a sender's stream is: the leaf's (or its sparse part's) own memory,
+// made contiguous into `hold` if it is not.
+std::byte* segment_data(const Outgoing& o, const detail::StreamSegment& seg, Hold& hold) {
+  const Tensor& leaf = o.tensors[seg.leaf];
+  Tensor t = seg.part == 0 ? leaf : seg.part == 1 ? leaf.values() : leaf.indices();
+  if (!t.is_contiguous()) t = t.contiguous();
+  hold.tensors.push_back(t);
+  return static_cast<std::byte*>(t.raw_data());
+}
 constexpr std::uint64_t kOk = 0, kBadArgument = 1, kFailed = 2;
 // The receiver's answer: [0] one of the above, then its error text (NUL-terminated).
 constexpr int kAckBytes = 512;
@@ -578,13 +593,23 @@ void send_dict(const TensorDict& value, int dst, const CollectiveOptions& opts) 
   // Header and metadata (or the local error, so that the receiver raises it too).
   hold->words.assign(kHeaderWords, 0);
   std::vector<std::byte>& body = hold->bytes.emplace_back();
+  std::uint64_t per_segment = 0;
   if (!err.empty()) {
     hold->words[0] = kBadArgument;
     hold->words[1] = err.size();
     body.resize(err.size());
     std::memcpy(body.data(), err.data(), err.size());
   } else {
-    std::copy(out->sizes.begin(), out->sizes.end(), hold->words.begin() + 1);
+    for (std::size_t k = 0; k < kNumDTypes; ++k) {
+      if (out->sizes[1 + k] == 0 ||
+          detail::stream_in_place(out->layout, out->tensors, dtype_at(k)) != nullptr)
+        continue;
+      const auto segments = detail::stream_segments(out->layout, dtype_at(k)).size();
+      if (out->sizes[1 + k] >= kSegmentBytes * segments) per_segment |= std::uint64_t{1} << k;
+    }
+    hold->words[2] = per_segment;
+    std::copy(out->sizes.begin(), out->sizes.end(),
+              hold->words.begin() + static_cast<std::ptrdiff_t>(kFirstSizeWord));
     body = out->meta;
   }
   std::vector<MPI_Request> reqs(2, MPI_REQUEST_NULL);
@@ -610,12 +635,19 @@ void send_dict(const TensorDict& value, int dst, const CollectiveOptions& opts) 
   for (std::size_t k = 0; k < kNumDTypes; ++k) {
     if (out->sizes[1 + k] == 0) continue;
     const DType dtype = dtype_at(k);
-    std::byte* data = stream_data(*out, k, *hold);
     const MPI_Datatype type = detail::mpi_datatype(dtype);
-    detail::for_each_message(out->sizes[1 + k], dtype, SIZE_MAX, [&](std::size_t off, int count) {
-      reqs.push_back(MPI_REQUEST_NULL);
-      TD_MPI_CHECK(MPI_Isend(data + off, count, type, dst, p.tag, comm, &reqs.back()));
-    });
+    auto send = [&](std::byte* data, std::uint64_t nbytes) {
+      detail::for_each_message(nbytes, dtype, SIZE_MAX, [&](std::size_t off, int count) {
+        reqs.push_back(MPI_REQUEST_NULL);
+        TD_MPI_CHECK(MPI_Isend(data + off, count, type, dst, p.tag, comm, &reqs.back()));
+      });
+    };
+    if ((per_segment >> k & 1U) == 0) {
+      send(stream_data(*out, k, *hold), out->sizes[1 + k]);
+      continue;
+    }
+    for (const auto& seg : detail::stream_segments(out->layout, dtype))
+      send(segment_data(*out, seg, *hold), seg.count * itemsize(dtype));
   }
   wait_all(reqs, p.deadline, describe, hold);
 }
@@ -636,8 +668,10 @@ TensorDict recv_dict(int src, const CollectiveOptions& opts) {
       MPI_Irecv(hold->words.data(), kHeaderWords, MPI_UINT64_T, src, p.tag, comm, reqs.data()));
   wait_all(reqs, p.deadline, describe, hold);
   const std::uint64_t status = hold->words[0];
+  const std::uint64_t per_segment = hold->words[2];
   Sizes sizes{};
-  std::copy(hold->words.begin() + 1, hold->words.end(), sizes.begin());
+  std::copy(hold->words.begin() + static_cast<std::ptrdiff_t>(kFirstSizeWord), hold->words.end(),
+            sizes.begin());
   // The body's length is checked before anything is allocated for it.
   const std::uint64_t body_len = status == kOk ? sizes[0] : hold->words[1];
   if (body_len > detail::kWireMaxMetadataBytes)
@@ -662,6 +696,9 @@ TensorDict recv_dict(int src, const CollectiveOptions& opts) {
   if (verdict == kOk) {
     try {
       check_sizes(sizes, src, what);
+      if (per_segment >> kNumDTypes != 0)
+        throw Error(fmt::format("{}: rank {} sent an invalid header (segment mask {:#x})", what,
+                                src, per_segment));
       layout = decode_checked(body, sizes, src, what);
     } catch (const std::exception& e) {
       verdict = kFailed;
@@ -685,10 +722,19 @@ TensorDict recv_dict(int src, const CollectiveOptions& opts) {
     hold->tensors.push_back(streams[k]);
     auto* data = static_cast<std::byte*>(streams[k].raw_data());
     const MPI_Datatype type = detail::mpi_datatype(dtype);
-    detail::for_each_message(sizes[1 + k], dtype, SIZE_MAX, [&](std::size_t off, int count) {
-      reqs.push_back(MPI_REQUEST_NULL);
-      TD_MPI_CHECK(MPI_Irecv(data + off, count, type, src, p.tag, comm, &reqs.back()));
-    });
+    auto recv = [&](std::byte* at, std::uint64_t nbytes) {
+      detail::for_each_message(nbytes, dtype, SIZE_MAX, [&](std::size_t off, int count) {
+        reqs.push_back(MPI_REQUEST_NULL);
+        TD_MPI_CHECK(MPI_Irecv(at + off, count, type, src, p.tag, comm, &reqs.back()));
+      });
+    };
+    if ((per_segment >> k & 1U) == 0) {
+      recv(data, sizes[1 + k]);
+      continue;
+    }
+    const std::size_t isz = itemsize(dtype);
+    for (const auto& seg : detail::stream_segments(layout, dtype))
+      recv(data + seg.offset * isz, seg.count * isz);
   }
   wait_all(reqs, p.deadline, describe, hold);
   return result_of(layout, streams, {}, what);
