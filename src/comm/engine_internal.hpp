@@ -108,6 +108,11 @@ void run_spans(const BucketPlan& plan, const CollectiveCall& call, GroupState& g
 /// The sync bucketed path: one reused pack buffer, in-place buckets where possible.
 void run_sync(const std::shared_ptr<const BucketPlan>& plan_ptr, std::span<const LeafRef> leaves,
               const CollectiveCall& call, GroupState& g, const LeafMemory& mem);
+/// all_reduce / reduce / broadcast through BucketRunner, one Work per bucket (sync or async);
+/// with `wire` (Float16 or BFloat16), float32/float64 buckets travel compressed.
+std::vector<Work> run_buckets(const BucketPlan& plan, std::span<const LeafRef> leaves,
+                              const CollectiveCall& call, const std::shared_ptr<GroupState>& g,
+                              Clock::time_point deadline, bool async_op, std::optional<DType> wire);
 /// Async all_reduce / reduce / broadcast: one Work per bucket.
 std::vector<Work> run_async(const BucketPlan& plan, std::span<const LeafRef> leaves,
                             const CollectiveCall& call, const std::shared_ptr<GroupState>& g,

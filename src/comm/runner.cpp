@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "comm/compression.hpp"
 #include "comm/engine_internal.hpp"
 #include "core/config.hpp"
 #include "runtime/log.hpp"
@@ -206,16 +207,38 @@ void run_sync(const std::shared_ptr<const BucketPlan>& plan_ptr, std::span<const
   }
 }
 
+namespace {
+
+// The finish step's copy-back of a packed bucket, from the Work's own tensor handles (so it stays
+// valid even if the dict was dropped meanwhile): the bucket renumbered onto them.
+void unpack_into_handles(const BucketPlan::Bucket& bucket, std::vector<Tensor>& handles,
+                         const std::byte* p) {
+  static const Key kLeaf("<leaf>");
+  std::vector<LeafRef> refs;
+  refs.reserve(bucket.slots.size());
+  for (auto& t : handles) refs.push_back({&kLeaf, &t, 0});
+  BucketPlan::Bucket local = bucket;
+  for (std::size_t s = 0; s < local.slots.size(); ++s) local.slots[s].leaf = s;
+  unpack_bucket(local, refs, p);
+}
+
+}  // namespace
+
 // Async all_reduce / reduce / broadcast: one Work per bucket, in place or through a pack buffer
-// the Work owns; the finish step divides (AVG) and copies back from the Work's own tensor
-// handles, so it stays valid even if the dict was dropped meanwhile.
+// the Work owns; the finish step divides (AVG) and copies back.
 std::vector<Work> run_async(const BucketPlan& plan, std::span<const LeafRef> leaves,
                             const CollectiveCall& call, const std::shared_ptr<GroupState>& g,
                             Clock::time_point deadline) {
+  return run_buckets(plan, leaves, call, g, deadline, /*async_op=*/true, std::nullopt);
+}
+
+std::vector<Work> run_buckets(const BucketPlan& plan, std::span<const LeafRef> leaves,
+                              const CollectiveCall& call, const std::shared_ptr<GroupState>& g,
+                              Clock::time_point deadline, bool async_op,
+                              std::optional<DType> wire) {
   const Roles roles = roles_of(call, g->rank);
-  BucketRunner runner(deadline, /*async_op=*/true);
+  BucketRunner runner(deadline, async_op);
   std::size_t buffered = 0;  // every Work owns its pack buffer until it completes
-  static const Key kLeaf("<leaf>");
   for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
     const auto& bk = plan.buckets[b];
     auto st = runner.state(bucket_description(call.name, plan, b, leaves, g->size));
@@ -223,28 +246,39 @@ std::vector<Work> run_async(const BucketPlan& plan, std::span<const LeafRef> lea
     bool packed = false;
     std::byte* p = BucketRunner::place(bk, leaves, *st, roles.sends, &packed);
     if (packed) buffered += bk.nbytes;
-    const bool avg = divides_result(call, roles);
+    const auto count = static_cast<std::int64_t>(bk.nbytes / itemsize(bk.dtype));
+    // Compressed: float buckets travel as 16-bit values in a buffer of their own. AVG divides
+    // before summing (the sum of N values of a 16-bit float overflows where N averages do not).
+    const bool squeeze = wire.has_value() && compressible(bk.dtype);
+    const DType type = squeeze ? *wire : bk.dtype;
+    std::byte* w = p;
+    if (squeeze) {
+      auto buf = std::make_shared<Storage>(static_cast<std::size_t>(count) * itemsize(type));
+      w = buf->data;
+      st->held.push_back(std::move(buf));
+      if (roles.sends)
+        compress(p, bk.dtype, count, call.op == ReduceOp::AVG ? 1.0 / g->size : 1.0, type, w);
+    }
+    const bool avg = !squeeze && divides_result(call, roles);
     const int size = g->size;
     auto bucket = std::make_shared<BucketPlan::Bucket>(bk);
     WorkState* raw = st.get();
-    st->finish = [raw, bucket, p, avg, packed, roles, size] {
-      if (avg)
-        divide_in_place(p, static_cast<std::int64_t>(bucket->nbytes / itemsize(bucket->dtype)),
-                        bucket->dtype, size);
-      if (!packed || !roles.receives) return;
-      // The Work's own handles, in slot order: the bucket renumbered onto them.
-      std::vector<LeafRef> refs;
-      refs.reserve(bucket->slots.size());
-      for (auto& t : raw->keep_alive) refs.push_back({&kLeaf, &t, 0});
-      BucketPlan::Bucket local = *bucket;
-      for (std::size_t s = 0; s < local.slots.size(); ++s) local.slots[s].leaf = s;
-      unpack_bucket(local, refs, p);
+    st->finish = [raw, bucket, p, w, count, squeeze, type, avg, packed, roles, size] {
+      if (!roles.receives) return;
+      if (squeeze) decompress(w, type, count, bucket->dtype, p);
+      if (avg) divide_in_place(p, count, bucket->dtype, size);
+      if (packed) unpack_into_handles(*bucket, raw->keep_alive, p);
     };
     const std::size_t max_message = plan.max_message_bytes;
+    const std::size_t wire_bytes = static_cast<std::size_t>(count) * itemsize(type);
     runner.run(st, [&](std::vector<MPI_Request>* reqs) {
-      for_each_message(bk.nbytes, bk.dtype, max_message, [&](std::size_t off, int count) {
-        reqs->push_back(MPI_REQUEST_NULL);
-        start_or_run(call, g->rank, g->comm, p + off, count, bk.dtype, &reqs->back());
+      for_each_message(wire_bytes, type, max_message, [&](std::size_t off, int n) {
+        MPI_Request* req = nullptr;
+        if (reqs) {
+          reqs->push_back(MPI_REQUEST_NULL);
+          req = &reqs->back();
+        }
+        start_or_run(call, g->rank, g->comm, w + off, n, type, req);
       });
     });
   }

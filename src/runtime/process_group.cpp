@@ -127,13 +127,15 @@ void init_impl(int* argc, char*** argv, const InitOptions& options) {
   for (int i = 0; i < size; ++i) all[static_cast<std::size_t>(i)] = i;
   rt.world = make_group(MPI_COMM_WORLD, MPI_GROUP_NULL, std::move(all));
   rt.initialized = true;
-  log_info([&] {
+  // Once per job (rank 0): every rank of a job launched alike made the same choice.
+  log_info_once(rt.world->rank, [&] {
     return malloc_tuning.mmap_threshold
                ? fmt::format("malloc: mmap threshold {} MiB, trim threshold {} MiB",
                              malloc_tuning.mmap_threshold >> 20, malloc_tuning.trim_threshold >> 20)
                : fmt::format("malloc: left alone ({})", malloc_tuning.reason);
   });
-  if (!mpi_tuning.empty()) log_info([&] { return fmt::format("Open MPI: {}", mpi_tuning); });
+  if (!mpi_tuning.empty())
+    log_info_once(rt.world->rank, [&] { return fmt::format("Open MPI: {}", mpi_tuning); });
 }
 }  // namespace
 
