@@ -337,7 +337,7 @@ constexpr int kHeaderWords = 3 + kSizeWords;
 constexpr std::size_t kFirstSizeWord = 3;
 // A sender that is not consolidated sends each leaf from its own memory (no pack copy) when
 // its leaves average at least this many bytes; smaller leaves are packed into one message.
-constexpr std::uint64_t kSegmentBytes = 64 * 1024;
+constexpr std::uint64_t kSegmentBytes = std::uint64_t{64} << 10;
 
 // Where segment `seg` of a sender's stream is: the leaf's (or its sparse part's) own memory,
 // made contiguous into `hold` if it is not.
