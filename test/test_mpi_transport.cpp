@@ -10,7 +10,10 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include <mpi.h>
 
 #include <tensordict/tensordict.hpp>
 
@@ -323,6 +326,46 @@ TEST_CASE("transport errors are raised on every rank before data moves", "[trans
   }
   // The group is still usable.
   CHECK(same(td::broadcast_dict(rank == 0 ? rich(2) : TensorDict(), 0), rich(2)));
+}
+
+TEST_CASE("recv_dict rejects a hostile sender's metadata", "[transport][errors]") {
+  // Rank 0 plays a corrupted peer with raw MPI on the group's communicator, speaking the wire
+  // protocol of docs/transport.md (header, metadata, then waiting for the verdict).
+  const int rank = td::get_rank(), size = td::get_world_size();
+  if (size < 2 || rank > 1) return;
+  const MPI_Comm comm = td::world().comm();
+  int* ub = nullptr;
+  int flag = 0;
+  MPI_Comm_get_attr(comm, MPI_TAG_UB, static_cast<void*>(&ub), &flag);
+  const long long tag_ub = flag && ub ? *ub : 32767;
+  const int tag = static_cast<int>(tag_ub / 1024 * 1024 + 41 % (tag_ub - tag_ub / 1024 * 1024 + 1));
+  const td::CollectiveOptions opts{.tag = 41};
+  // Valid magic and version, then a root claiming 1000 entries in 4 bytes.
+  const std::vector<unsigned char> meta = {'T', 'D', 'W', 1, 0, 0xe8, 0x03, 0, 0, 1, 0, 'k', 1};
+  auto run = [&](std::vector<std::uint64_t> header, std::string_view expect) {
+    if (rank == 0) {
+      MPI_Send(header.data(), static_cast<int>(header.size()), MPI_UINT64_T, 1, tag, comm);
+      MPI_Send(meta.data(), static_cast<int>(meta.size()), MPI_BYTE, 1, tag, comm);
+      std::vector<char> verdict(512);
+      MPI_Recv(verdict.data(), 512, MPI_BYTE, 1, tag, comm, MPI_STATUS_IGNORE);
+      CHECK(verdict[0] != 0);  // rejected: no data follows
+      CHECK(std::string(verdict.data() + 1).find(expect) != std::string::npos);
+    } else {
+      CHECK_THROWS_WITH(td::recv_dict(0, opts), Catch::Contains(std::string(expect)));
+    }
+  };
+  std::vector<std::uint64_t> header(3 + 1 + td::kNumDTypes, 0);
+  header[3] = meta.size();
+  run(header, "entries claimed");
+  header[3] = std::uint64_t{1} << 40;  // metadata of a terabyte: refused before any allocation
+  if (rank == 0) {
+    MPI_Send(header.data(), static_cast<int>(header.size()), MPI_UINT64_T, 1, tag, comm);
+  } else {
+    CHECK_THROWS_WITH(td::recv_dict(0, opts), Catch::Contains("bytes of metadata"));
+  }
+  // The group still works for both ranks.
+  if (rank == 0) td::send_dict(rich(1), 1);
+  if (rank == 1) CHECK(same(td::recv_dict(0), rich(1)));
 }
 
 TEST_CASE("recv_dict from a rank that never sends times out", "[transport][errors]") {
