@@ -30,6 +30,14 @@ inline constexpr std::size_t kAutoBucketBytes = std::numeric_limits<std::size_t>
 /// Tags of point-to-point calls (CollectiveOptions::tag) lie in [0, kMaxUserTag).
 inline constexpr int kMaxUserTag = 1 << 14;
 
+/// How float32/float64 values travel in a reduction: as they are, or rounded to 16-bit floats
+/// (DDP's fp16_compress_hook / bf16_compress_hook, Horovod's Compression.fp16). Other dtypes
+/// always travel as they are.
+enum class Compression { None, FP16, BF16 };
+
+/// "None", "FP16", "BF16".
+TD_API std::string_view name(Compression c);
+
 /// Options of every collective.
 struct CollectiveOptions {
   /// Default: world().
@@ -44,6 +52,9 @@ struct CollectiveOptions {
   /// each other's messages, whatever order threads start them in (like MPI's tag; default 0).
   /// Transfers with one tag pair up in the order each side starts them.
   std::optional<int> tag = std::nullopt;
+  /// all_reduce and reduce (Tensor and TensorDict) only: float32/float64 buckets travel as 16-bit
+  /// floats, SUM and AVG (AVG divides before summing). Part of what ranks agree on.
+  Compression compression = Compression::None;
 };
 
 /// Reduces `t` across the group into rank `dst` (in place); other ranks' `t` is unspecified.

@@ -21,12 +21,7 @@
 
 namespace td {
 
-/// How float32/float64 gradients travel: as they are, or rounded to 16-bit floats (DDP's
-/// fp16_compress_hook / bf16_compress_hook, Horovod's Compression.fp16).
-enum class Compression { None, FP16, BF16 };
-
-/// "None", "FP16", "BF16".
-TD_API std::string_view name(Compression c);
+// td::Compression is declared in collectives.hpp (also CollectiveOptions::compression).
 
 /// Options of a td::Reducer.
 struct ReducerOptions {

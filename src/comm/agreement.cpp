@@ -27,12 +27,13 @@ std::string cap_str(std::optional<std::size_t> cap) {
 // options that change which MPI calls run (async_op: nonblocking calls do not match blocking
 // ones) and the settings read from each process's environment that do the same.
 std::string call_header(const CollectiveCall& call, std::optional<std::size_t> cap, bool async_op,
-                        int group_size) {
+                        Compression compression, int group_size) {
   std::string h = fmt::format("{}(", call.name);
   if (reduces(call.kind)) h += fmt::format("op={}, ", name(call.op));
   if (has_root(call.kind)) h += fmt::format("{}={}, ", root_name(call.kind), call.root);
-  h += fmt::format("bucket_bytes={}, async_op={}) in a group of {}", cap_str(cap), async_op,
-                   group_size);
+  h += fmt::format("bucket_bytes={}, async_op={}", cap_str(cap), async_op);
+  if (compression != Compression::None) h += fmt::format(", compression={}", name(compression));
+  h += fmt::format(") in a group of {}", group_size);
   const Config& c = config();
   h += fmt::format(" with TD_CHECK_LAYOUT={} TD_SYNC_PIPELINE={}", int{c.check_layout},
                    int{c.sync_pipeline});
@@ -135,10 +136,10 @@ std::string by_rank(const std::vector<std::string>& texts) {
 // One small collective: do all ranks hold the same fingerprint? (MAX of h and of ~h: both equal
 // the local values on every rank exactly when all fingerprints are equal.) The same MAX says
 // whether every rank's leaves are one span per dtype (returned; no extra message).
-bool agree(GroupState& g, const CollectiveCall& call, std::optional<std::size_t> cap, bool async_op,
-           const std::string& arg_error, std::span<const LeafRef> leaves, const Analysis& a,
-           Clock::time_point deadline) {
-  const std::string header = call_header(call, cap, async_op, g.size);
+bool agree(GroupState& g, const CollectiveCall& call, std::optional<std::size_t> cap,
+           const CollectiveOptions& opts, const std::string& arg_error,
+           std::span<const LeafRef> leaves, const Analysis& a, Clock::time_point deadline) {
+  const std::string header = call_header(call, cap, opts.async_op, opts.compression, g.size);
   // TD_CHECK_LAYOUT=0 leaves the layout out of the fingerprint (not the round itself: the
   // arguments, the settings and local errors are still agreed, and the message sequence of a
   // call is the same whatever the setting).
@@ -208,12 +209,19 @@ PreparedCollective prepare_collective(std::span<const LeafRef> leaves, const Col
   if (has_root(call.kind) && (call.root < 0 || call.root >= g->size))
     note_error(arg_error, fmt::format("{} {} is out of range for a group of {} ranks",
                                       root_name(call.kind), call.root, g->size));
+  if (opts.compression != Compression::None) {
+    if (call.kind != CollectiveKind::AllReduce && call.kind != CollectiveKind::Reduce)
+      note_error(arg_error, fmt::format("compression {} applies to all_reduce and reduce only",
+                                        name(opts.compression)));
+    else if (call.op != ReduceOp::SUM && call.op != ReduceOp::AVG)
+      note_error(arg_error, fmt::format("compression {} supports SUM and AVG, not {}",
+                                        name(opts.compression), name(call.op)));
+  }
   if (!extra_arg_error.empty()) note_error(arg_error, std::move(extra_arg_error));
   // The agreement always runs in a group of several ranks: it is what makes a local error, a
   // differing argument or setting, the same error on every rank instead of a hang.
   bool spans_everywhere = a.memory->one_span_per_dtype;
-  if (g->size > 1)
-    spans_everywhere = agree(*g, call, cap, opts.async_op, arg_error, leaves, a, deadline);
+  if (g->size > 1) spans_everywhere = agree(*g, call, cap, opts, arg_error, leaves, a, deadline);
   if (!arg_error.empty()) throw std::invalid_argument(fmt::format("{}: {}", call.name, arg_error));
 
   std::size_t direct_bytes = 0;
@@ -224,7 +232,8 @@ PreparedCollective prepare_collective(std::span<const LeafRef> leaves, const Col
   }
   auto plan = plan_for(*g, a, cap, direct_bytes);
   log_debug([&] {
-    return fmt::format("{}: {}", call_header(call, cap, opts.async_op, g->size), plan->describe());
+    return fmt::format("{}: {}", call_header(call, cap, opts.async_op, opts.compression, g->size),
+                       plan->describe());
   });
   return {std::move(g), std::move(plan), deadline, a.memory, spans_everywhere && cap.has_value()};
 }

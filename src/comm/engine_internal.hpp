@@ -71,7 +71,7 @@ std::string check_ops(std::span<const LeafRef> leaves, const Analysis& a,
 
 /// The call's header line: everything agreed besides the layout.
 std::string call_header(const CollectiveCall& call, std::optional<std::size_t> cap, bool async_op,
-                        int group_size);
+                        Compression compression, int group_size);
 
 // ---- packer.cpp ------------------------------------------------------------------------------
 

@@ -118,6 +118,9 @@ std::vector<Work> run_collective(std::span<const LeafRef> leaves, const Collecti
     const BlockingPhase watched(deadline, describe);
     run_sparse_leaves(*plan, leaves, call, *g);
   }
+  if (opts.compression != Compression::None)
+    return run_buckets(*plan, leaves, call, g, deadline, opts.async_op,
+                       opts.compression == Compression::FP16 ? DType::Float16 : DType::BFloat16);
   if (opts.async_op) return run_async(*plan, leaves, call, g, deadline);
   const BlockingPhase watched(deadline, describe);
   if (spans) {
