@@ -109,7 +109,7 @@ constexpr Ms kCallTimeout = 5s * kSlow;  // every call's opts.timeout, unless th
 constexpr double kPromptSeconds = 4 * kSlow;  // an error must arrive within this (< the timeout)
 constexpr auto kStuck = 20s * kSlow;          // a call (or follow-up) longer than this is a hang
 constexpr auto kStuckWaiting = 25s * kSlow;   // waiting for the others: a stuck rank speaks first
-constexpr auto kStuckWarmUp = 300s;           // measuring kAutoBucketBytes for a new group
+constexpr auto kStuckWarmUp = 30s * kSlow;    // measuring kAutoBucketBytes for a new group
 constexpr std::uint64_t kDefaultSeed = 16000;
 constexpr int kMaxFailures = 3;
 
@@ -1187,9 +1187,9 @@ std::vector<int> all_ranks(int size) {
 // A new group on every rank, with its kAutoBucketBytes measured outside any round: the
 // measurement takes about a second here (far longer when sanitized) and would count against the
 // timeout of the first round that asks for it.
-td::ProcessGroup fresh_group(int size, Watchdog& dog) {
+td::ProcessGroup fresh_group(int size, Watchdog& dog, const std::string& context) {
   td::ProcessGroup g = td::new_group(all_ranks(size));
-  dog.arm("measuring kAutoBucketBytes for a new group");
+  dog.arm("measuring kAutoBucketBytes for a new group" + context);
   dog.phase("in the measurement", kStuckWarmUp);
   TensorDict d;
   d.set("w", Tensor::zeros({4}, DType::Float32));
@@ -1225,7 +1225,7 @@ std::pair<std::string, std::string> play(const Round& r, int rank, td::ProcessGr
   std::string verdict = judge(r, all, followed_up);
   if (broke_group(all)) {
     broken.push_back(group);  // kept alive: its abandoned requests may still complete
-    group = fresh_group(r.size, dog);
+    group = fresh_group(r.size, dog, extra);
   }
   if (!verdict.empty())
     verdict += "\n" + round_str(r) + extra + "\n  expected: " + expectation_str(r.expectation) +
@@ -1279,7 +1279,7 @@ TEST_CASE("ranks that differ in one input: the correct result or the same error,
   const bool verbose = env("TD_DIVERGENCE_VERBOSE").has_value();
   std::map<std::string, int> skipped;
   Watchdog dog(rank);
-  td::ProcessGroup group = fresh_group(size, dog);
+  td::ProcessGroup group = fresh_group(size, dog, "");
   std::vector<td::ProcessGroup> broken;
   Tally tally;
   for (std::uint64_t i = 0; i < rounds; ++i) {
@@ -1356,7 +1356,7 @@ TEST_CASE("a TD_* setting that differs between ranks: the correct result or the 
 
   const std::uint64_t first_seed = env_u64("TD_DIVERGENCE_SEED", kDefaultSeed);
   Watchdog dog(rank);
-  td::ProcessGroup group = fresh_group(size, dog);
+  td::ProcessGroup group = fresh_group(size, dog, extra);
   std::vector<td::ProcessGroup> broken;
   Tally tally;
   // The calls the settings change: bucketed sync (pipelined or not), the default cap, async,

@@ -27,7 +27,7 @@ function(_td_add_divergence_env_test name)
   endforeach()
   add_test(NAME test_mpi_divergence.env.${name} COMMAND ${cmd})
   set_tests_properties(test_mpi_divergence.env.${name} PROPERTIES
-    TIMEOUT 120
+    TIMEOUT 180
     LABELS "mpi"
     ENVIRONMENT "${_TD_MPI_TEST_ENV}")
 endfunction()
