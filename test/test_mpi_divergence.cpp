@@ -38,6 +38,8 @@
 //                                pairs with the waiting recv; receiver: ignored, or an error on
 //                                both sides
 //   p2p_tag_same              -> correct (a control round: both sides use one non-default tag)
+//   compression               -> all_reduce/reduce with SUM or AVG: LayoutMismatchError naming
+//                                compression; elsewhere std::invalid_argument on every rank
 // Point-to-point rounds run one way (send/recv, others idle) or both ways at once (isend/irecv).
 //
 // Environment:
@@ -275,6 +277,7 @@ struct Call {
   std::optional<std::size_t> bucket;
   std::optional<int> tag;
   std::optional<Ms> timeout = kCallTimeout;
+  td::Compression compression = td::Compression::None;
   bool consolidate = false;
   bool moved_from = false;  // the call is made on a moved-from dict
   std::vector<Leaf> layout;
@@ -356,6 +359,7 @@ std::string call_str(const Call& c) {
   s << " async=" << c.async_op << " bucket=" << bucket_str(c.bucket)
     << " tag=" << (c.tag ? std::to_string(*c.tag) : "none") << " timeout=" << timeout_str(c.timeout)
     << " consolidated=" << c.consolidate;
+  if (c.compression != td::Compression::None) s << " compression=" << td::name(c.compression);
   if (c.moved_from) s << " moved-from";
   return s.str();
 }
@@ -551,7 +555,8 @@ Outcome execute(const Round& r, int rank, const td::ProcessGroup& group) {
                              .async_op = c.async_op,
                              .bucket_bytes = c.bucket,
                              .timeout = c.timeout,
-                             .tag = c.tag};
+                             .tag = c.tag,
+                             .compression = c.compression};
   std::vector<TensorDict> list;
   TensorDict shard;
   TensorDict incoming;  // bidirectional point to point: receives the peer's dict
@@ -930,7 +935,8 @@ const std::vector<std::string> kKinds = {"op",
                                          "p2p_key",
                                          "p2p_shape",
                                          "p2p_dtype",
-                                         "p2p_tag_same"};
+                                         "p2p_tag_same",
+                                         "compression"};
 
 const Expectation kLayoutError{Expect::Error, {Exc::LayoutMismatch}, true, {}, -1};
 const Expectation kArgError{Expect::Error, {Exc::InvalidArgument}, true, {}, -1};
@@ -982,6 +988,9 @@ Round make_round(std::uint64_t seed, int size) {
   if (kind == "op") colls = kReducing;
   if (kind == "root" || kind == "bad_root") colls = kRooted;
   if (kind == "part_contiguity") colls = {Coll::Scatter};
+  if (kind == "compression")  // mostly where it is agreed, sometimes where it is rejected
+    colls = {Coll::AllReduce, Coll::Reduce,        Coll::AllReduce,
+             Coll::Reduce,    Coll::ReduceScatter, Coll::Broadcast};
   if (p2p) colls = {Coll::P2P};
   Call& b = r.base;
   b.coll = pick(rng, colls);
@@ -992,6 +1001,8 @@ Round make_round(std::uint64_t seed, int size) {
     std::vector<ReduceOp> ops = {ReduceOp::SUM, ReduceOp::MAX, ReduceOp::MIN, ReduceOp::PRODUCT};
     if (floats_only) ops.push_back(ReduceOp::AVG);
     b.op = pick(rng, ops);
+    if (kind == "compression" && coin(rng, 0.75))
+      b.op = floats_only && coin(rng, 0.5) ? ReduceOp::AVG : ReduceOp::SUM;
   }
   r.value_op = b.op;
   b.root = uniform(rng, 0, size - 1);
@@ -1150,6 +1161,13 @@ Round make_round(std::uint64_t seed, int size) {
     d.async_op = !b.async_op;
     r.differs = who + (d.async_op ? " is async" : " is sync");
     r.expectation = kCorrect;
+  } else if (kind == "compression") {
+    d.compression = coin(rng, 0.5) ? td::Compression::FP16 : td::Compression::BF16;
+    r.differs = "compression=" + std::string(td::name(d.compression));
+    // Agreed for all_reduce and reduce with SUM or AVG; anywhere else the deviant's bad argument.
+    const bool allowed = (b.coll == Coll::AllReduce || b.coll == Coll::Reduce) &&
+                         (b.op == ReduceOp::SUM || b.op == ReduceOp::AVG);
+    r.expectation = with_keywords(allowed ? kLayoutError : kArgError, {"compression"});
   }
   // A deviant scatter src scatters parts of its own layout (else its parts would not match its
   // dict: a bad argument of its own, not the divergence this round is about).
