@@ -104,8 +104,14 @@ void run_sparse_leaves(const BucketPlan& plan, std::span<const LeafRef> leaves,
 std::vector<Work> run_collective(std::span<const LeafRef> leaves, const CollectiveCall& call,
                                  const CollectiveOptions& opts, LayoutCache* cache,
                                  std::string extra_arg_error) {
-  auto [g, plan, deadline, memory, spans] =
+  // Named members, not a structured binding: clang 14 cannot capture those in a lambda.
+  const PreparedCollective prepared =
       prepare_collective(leaves, call, opts, std::move(extra_arg_error), cache);
+  const std::shared_ptr<GroupState>& g = prepared.group;
+  const std::shared_ptr<const BucketPlan>& plan = prepared.plan;
+  const Clock::time_point deadline = prepared.deadline;
+  const std::shared_ptr<const LeafMemory>& memory = prepared.memory;
+  const bool spans = prepared.spans_everywhere;
   const std::function<std::string()> describe = [&, n = plan->buckets.size()] {
     return fmt::format("{} ({} buckets, {} sparse leaves, first key '{}') in a group of {} ranks",
                        call.name, n, plan->sparse_leaves.size(),
