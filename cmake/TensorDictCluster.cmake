@@ -92,7 +92,7 @@ endforeach()
 
 # The MPI tests at 3 ranks on 3 hosts and 4 ranks on 2 hosts.
 foreach(name IN ITEMS test_mpi_collectives test_mpi_tensordict test_mpi_sparse test_mpi_async
-                      test_mpi_exchange)
+                      test_mpi_exchange test_mpi_reducer test_mpi_transport)
   if(NOT TARGET ${name})
     message(FATAL_ERROR "TensorDictCluster: no target ${name} (test/${name}.cpp)")
   endif()

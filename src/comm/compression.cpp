@@ -5,6 +5,8 @@
 
 #include <Eigen/Core>
 
+#include "tensordict/collectives.hpp"
+
 namespace td::detail {
 
 namespace {
@@ -64,3 +66,19 @@ void decompress(const std::byte* src, DType wire, std::int64_t count, DType dtyp
 }
 
 }  // namespace td::detail
+
+namespace td {
+
+std::string_view name(Compression c) {
+  switch (c) {
+    case Compression::None:
+      return "None";
+    case Compression::FP16:
+      return "FP16";
+    case Compression::BF16:
+      return "BF16";
+  }
+  return "?";
+}
+
+}  // namespace td

@@ -17,22 +17,11 @@
 #include <fmt/ranges.h>
 
 #include "comm/collective_engine.hpp"
+#include "comm/compression.hpp"
 #include "core/dict_internal.hpp"
 #include "runtime/runtime.hpp"
 
 namespace td {
-
-std::string_view name(Compression c) {
-  switch (c) {
-    case Compression::None:
-      return "None";
-    case Compression::FP16:
-      return "FP16";
-    case Compression::BF16:
-      return "BF16";
-  }
-  return "?";
-}
 
 namespace {
 
@@ -52,32 +41,6 @@ std::string lookup_string(const Key& key) {
 std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
   h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
   return h * 0xff51afd7ed558ccdULL;
-}
-
-// Rounds `count` elements of `src` (float or double) to the 16-bit type of `wire`, times `scale`.
-template <class Half>
-void compress(const std::byte* src, DType dtype, std::int64_t count, float scale, std::byte* dst) {
-  Half* out = reinterpret_cast<Half*>(dst);
-  visit(dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-      const T* in = reinterpret_cast<const T*>(src);
-      const auto s = static_cast<T>(scale);
-      for (std::int64_t i = 0; i < count; ++i) out[i] = Half(static_cast<float>(in[i] * s));
-    }
-  });
-}
-
-template <class Half>
-void decompress(const std::byte* src, DType dtype, std::int64_t count, std::byte* dst) {
-  const Half* in = reinterpret_cast<const Half*>(src);
-  visit(dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-      T* out = reinterpret_cast<T*>(dst);
-      for (std::int64_t i = 0; i < count; ++i) out[i] = static_cast<T>(static_cast<float>(in[i]));
-    }
-  });
 }
 
 }  // namespace
@@ -233,18 +196,10 @@ struct Reducer::Impl {
       wire = detail::TensorAccess::data(bk.wire, 2);
       // AVG divides before summing, as DDP's fp16_compress_hook does: the sum of N values of a
       // gradient's range cannot overflow FP16 then.
-      const float scale = op == ReduceOp::AVG ? 1.0F / static_cast<float>(size) : 1.0F;
-      if (compression == Compression::FP16) {
-        compress<Eigen::half>(data, bk.dtype, count, scale, wire);
-      } else {
-        compress<Eigen::bfloat16>(data, bk.dtype, count, scale, wire);
-      }
-      st->finish = [data, wire, count, dt = bk.dtype, fp16 = compression == Compression::FP16] {
-        if (fp16) {
-          decompress<Eigen::half>(wire, dt, count, data);
-        } else {
-          decompress<Eigen::bfloat16>(wire, dt, count, data);
-        }
+      const double scale = op == ReduceOp::AVG ? 1.0 / static_cast<double>(size) : 1.0;
+      detail::compress(data, bk.dtype, count, scale, wire_dtype, wire);
+      st->finish = [data, wire, count, dt = bk.dtype, wire_dtype] {
+        detail::decompress(wire, wire_dtype, count, dt, data);
       };
     } else if (op == ReduceOp::AVG) {
       st->finish = [data, count, dt = bk.dtype, size] {

@@ -29,6 +29,8 @@ using Clock = std::chrono::steady_clock;
 // Far enough to mean "never", near enough that adding it to now() or converting it to another
 // clock cannot overflow.
 constexpr std::chrono::hours kNever{24 * 365 * 100};
+// How often the watchdog thread looks at the armed calls (it sleeps otherwise).
+constexpr std::chrono::milliseconds kPoll{200};
 
 class Watchdog {
  public:
@@ -36,8 +38,9 @@ class Watchdog {
     std::lock_guard lock(mu_);
     if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
     const std::uint64_t id = next_id_++;
+    // No notify: the thread looks again within kPoll anyway, and waking it on every call would
+    // cost a context switch per collective on a machine whose cores MPI is using.
     active_.push_back({id, deadline, describe});
-    if (active_.size() == 1) cv_.notify_one();
     return id;
   }
 
@@ -66,18 +69,18 @@ class Watchdog {
     std::unique_lock lock(mu_);
     for (;;) {
       if (stopping_) return;
+      const auto now = Clock::now();
       if (active_.empty()) {
-        cv_.wait(lock);
+        cv_.wait_until(lock, now + kPoll);
         continue;
       }
       const auto first =
           std::min_element(active_.begin(), active_.end(),
                            [](const Entry& a, const Entry& b) { return a.deadline < b.deadline; });
-      const auto now = Clock::now();
       if (now < first->deadline) {
-        // Woken early by a new entry or a disarm; a new earlier deadline is at most one
-        // interval late, which bounds the detection delay without a notify per call.
-        cv_.wait_until(lock, std::min(first->deadline, now + std::chrono::milliseconds(200)));
+        // A call armed meanwhile is seen within kPoll: that bounds how late the watchdog can
+        // be, without a notify per call.
+        cv_.wait_until(lock, std::min(first->deadline, now + kPoll));
         continue;
       }
       // The caller is still blocked inside MPI (its entry is still armed, and describe() lives
