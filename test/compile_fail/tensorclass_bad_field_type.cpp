@@ -1,4 +1,4 @@
-// EXPECT: every field listed in TD_TENSORCLASS_FIELDS must be a \(non-const\) td::Tensor or a tensorclass
+// EXPECT: field listed in TD_TENSORCLASS_FIELDS must be a \(non-const\) td::Tensor
 #include <string>
 
 #include <tensordict/tensordict.hpp>
