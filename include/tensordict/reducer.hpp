@@ -64,10 +64,12 @@ class TD_API Reducer {
   }
   /// Waits for buckets still in flight (it does not launch the others).
   ~Reducer();
+  /// Takes over other's buckets; `other` can then only be destroyed.
   Reducer(Reducer&&) noexcept;
+  /// Waits for this Reducer's buckets in flight, then takes over other's.
   Reducer& operator=(Reducer&&) noexcept;
-  Reducer(const Reducer&) = delete;
-  Reducer& operator=(const Reducer&) = delete;
+  Reducer(const Reducer&) = delete;             ///< One Reducer per gradient dict.
+  Reducer& operator=(const Reducer&) = delete;  ///< One Reducer per gradient dict.
 
   /// Marks a leaf, or every leaf of a sub-dict, as holding this step's gradient; launches the
   /// reduction of every bucket whose leaves are all ready and whose predecessors are launched.

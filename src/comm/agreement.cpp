@@ -120,7 +120,9 @@ std::string by_rank(const std::vector<std::string>& texts) {
     throw LayoutMismatchError(fmt::format("{}: ranks called different collectives or arguments: {}",
                                           call.name, by_rank(headers)));
 
-  for (auto& l : lines) l.erase(l.begin(), l.begin() + std::min<std::size_t>(2, l.size()));
+  // The leaf lines only (after the header and the error line).
+  for (auto& l : lines)
+    l.erase(l.begin(), l.begin() + static_cast<std::ptrdiff_t>(std::min<std::size_t>(2, l.size())));
   if (const auto diff = first_difference(lines)) {
     std::vector<std::string> holds = diff->holds;
     for (auto& h : holds)
