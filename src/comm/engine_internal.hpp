@@ -113,9 +113,5 @@ void run_sync(const std::shared_ptr<const BucketPlan>& plan_ptr, std::span<const
 std::vector<Work> run_buckets(const BucketPlan& plan, std::span<const LeafRef> leaves,
                               const CollectiveCall& call, const std::shared_ptr<GroupState>& g,
                               Clock::time_point deadline, bool async_op, std::optional<DType> wire);
-/// Async all_reduce / reduce / broadcast: one Work per bucket.
-std::vector<Work> run_async(const BucketPlan& plan, std::span<const LeafRef> leaves,
-                            const CollectiveCall& call, const std::shared_ptr<GroupState>& g,
-                            Clock::time_point deadline);
 
 }  // namespace td::detail

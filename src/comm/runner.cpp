@@ -224,14 +224,8 @@ void unpack_into_handles(const BucketPlan::Bucket& bucket, std::vector<Tensor>& 
 
 }  // namespace
 
-// Async all_reduce / reduce / broadcast: one Work per bucket, in place or through a pack buffer
-// the Work owns; the finish step divides (AVG) and copies back.
-std::vector<Work> run_async(const BucketPlan& plan, std::span<const LeafRef> leaves,
-                            const CollectiveCall& call, const std::shared_ptr<GroupState>& g,
-                            Clock::time_point deadline) {
-  return run_buckets(plan, leaves, call, g, deadline, /*async_op=*/true, std::nullopt);
-}
-
+// all_reduce / reduce / broadcast, one Work per bucket, in place or through a pack buffer the
+// Work owns; the finish step widens (compressed), divides (AVG) and copies back.
 std::vector<Work> run_buckets(const BucketPlan& plan, std::span<const LeafRef> leaves,
                               const CollectiveCall& call, const std::shared_ptr<GroupState>& g,
                               Clock::time_point deadline, bool async_op,

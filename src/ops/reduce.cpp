@@ -124,10 +124,14 @@ std::vector<Work> run_collective(std::span<const LeafRef> leaves, const Collecti
     const BlockingPhase watched(deadline, describe);
     run_sparse_leaves(*plan, leaves, call, *g);
   }
-  if (opts.compression != Compression::None)
-    return run_buckets(*plan, leaves, call, g, deadline, opts.async_op,
-                       opts.compression == Compression::FP16 ? DType::Float16 : DType::BFloat16);
-  if (opts.async_op) return run_async(*plan, leaves, call, g, deadline);
+  // Async or compressed: one BucketRunner loop; the sync uncompressed path below keeps its one
+  // reused pack buffer (or the consolidated spans).
+  if (opts.async_op || opts.compression != Compression::None) {
+    std::optional<DType> wire;
+    if (opts.compression != Compression::None)
+      wire = opts.compression == Compression::FP16 ? DType::Float16 : DType::BFloat16;
+    return run_buckets(*plan, leaves, call, g, deadline, opts.async_op, wire);
+  }
   const BlockingPhase watched(deadline, describe);
   if (spans) {
     const std::size_t n_spans = memory->spans.size();  // (a lambda may not capture a binding)
