@@ -124,16 +124,20 @@ bool bucket_is_contiguous_in_memory(const BucketPlan::Bucket& bucket,
                                     std::span<const LeafRef> leaves);
 
 /// The one place where a bucket becomes MPI calls and a Work: every collective's buckets go
-/// through it (the sync in-place path of all_reduce/reduce/broadcast, which reuses one pack
-/// buffer across calls, excepted). An op supplies, per bucket, a WorkState holding its buffers
-/// and finish step, and `start`, which posts the bucket's MPI calls (into `requests`) or, for a
-/// sync call (`requests` null), runs them blocking. Sync: start, then the finish step, under the
-/// data-phase watchdog. Async: the Works are handed to the progress thread together by works().
+/// through it, except those of a sync all_reduce/reduce/broadcast, which reuse the group's pack
+/// buffer and make no Work (runner.cpp's run_sync; it shares each bucket's start and finish with
+/// the async path of those three, run_buckets, which uses this class). An op supplies, per bucket,
+/// a WorkState holding its buffers and finish step, and `start`, which posts the bucket's MPI calls
+/// (into `requests`) or, for a sync call (`requests` null), runs them blocking. Sync: start, then
+/// the finish step, under the data-phase watchdog. Async: the Works are handed to the progress
+/// thread together by works().
 class BucketRunner {
  public:
   BucketRunner(std::chrono::steady_clock::time_point deadline, bool async_op);
-  /// A bucket's state: the call's deadline and `describe` (for errors).
-  std::shared_ptr<WorkState> state(std::string describe) const;
+  /// The state of bucket `b` of `plan`: the call's deadline and, for errors, its
+  /// bucket_description.
+  std::shared_ptr<WorkState> state(std::string_view what, const BucketPlan& plan, std::size_t b,
+                                   std::span<const LeafRef> leaves, int group_size) const;
   /// Where a bucket's elements are for MPI: the leaves' own memory when they lie back to back in
   /// one storage (in place), else a pack buffer of `nbytes` (default: the bucket's) held by `st`,
   /// filled from the leaves when `pack`. `packed` tells which.

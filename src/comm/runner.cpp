@@ -116,6 +116,67 @@ std::vector<char> direct_buckets(const std::shared_ptr<const BucketPlan>& plan,
   return mem.direct;
 }
 
+namespace {
+
+// One bucket of all_reduce / reduce / broadcast as it travels, the same on the sync and the
+// async path: `p` holds its elements in the bucket's dtype (the leaves' own memory, or a pack
+// buffer when `packed`); MPI reads and writes `w`: `p` itself, or a 16-bit copy of it when the
+// bucket travels compressed. The two paths differ only in where a pack buffer comes from (the
+// group's reused scratch, or one the Work owns) and in when finish() runs.
+struct InPlaceBucket {
+  DType dtype;
+  std::int64_t count;  // elements
+  std::byte* p;
+  bool packed;
+  std::byte* w;
+  DType wire;     // w's dtype
+  bool squeeze;   // w is a compressed copy of p
+  bool avg;       // this rank divides its result by the group size
+  bool receives;  // this rank holds the result afterwards
+
+  InPlaceBucket(const BucketPlan::Bucket& bk, std::byte* at, bool is_packed,
+                const CollectiveCall& call, Roles roles, std::optional<DType> compressed)
+      : dtype(bk.dtype),
+        count(static_cast<std::int64_t>(bk.nbytes / itemsize(bk.dtype))),
+        p(at),
+        packed(is_packed),
+        w(at),
+        wire(bk.dtype),
+        squeeze(compressed.has_value() && compressible(bk.dtype)),
+        // Compressed, AVG divides before summing (the sum of N values of a 16-bit float
+        // overflows where N averages do not).
+        avg(!squeeze && divides_result(call, roles)),
+        receives(roles.receives) {
+    if (squeeze) wire = *compressed;
+  }
+
+  std::size_t wire_bytes() const { return static_cast<std::size_t>(count) * itemsize(wire); }
+
+  // Posts (reqs) or runs (reqs null) the bucket's messages.
+  void start(const CollectiveCall& call, const GroupState& g, std::size_t max_message,
+             std::vector<MPI_Request>* reqs) const {
+    for_each_message(wire_bytes(), wire, max_message, [&](std::size_t off, int n) {
+      MPI_Request* req = nullptr;
+      if (reqs) {
+        reqs->push_back(MPI_REQUEST_NULL);
+        req = &reqs->back();
+      }
+      start_or_run(call, g.rank, g.comm, w + off, n, wire, req);
+    });
+  }
+
+  // After the bucket's messages completed: widen, divide, copy back into the leaves.
+  template <class Unpack>
+  void finish(int group_size, Unpack&& unpack) const {
+    if (!receives) return;
+    if (squeeze) decompress(w, wire, count, dtype, p);
+    if (avg) divide_in_place(p, count, dtype, group_size);
+    if (packed) unpack(static_cast<const std::byte*>(p));
+  }
+};
+
+}  // namespace
+
 void run_sync(const std::shared_ptr<const BucketPlan>& plan_ptr, std::span<const LeafRef> leaves,
               const CollectiveCall& call, GroupState& g, const LeafMemory& mem) {
   const BucketPlan& plan = *plan_ptr;
@@ -151,48 +212,39 @@ void run_sync(const std::shared_ptr<const BucketPlan>& plan_ptr, std::span<const
       if (!g.scratch || g.scratch->nbytes < s->nbytes) g.scratch = std::move(s);
     }
   } give_back{g, scratch};
-  const bool avg = divides_result(call, roles);
-  auto memory_of = [&](std::size_t b) {
+  auto bucket = [&](std::size_t b) {
     const auto& bk = plan.buckets[b];
-    return direct[b] ? mem.data[bk.slots[0].leaf] : scratch->data + (b % slots) * stride;
+    if (direct[b]) return InPlaceBucket(bk, mem.data[bk.slots[0].leaf], false, call, roles, {});
+    return InPlaceBucket(bk, scratch->data + (b % slots) * stride, true, call, roles, {});
   };
   auto finish = [&](std::size_t b) {
     const auto& bk = plan.buckets[b];
-    std::byte* p = memory_of(b);
-    if (avg)
-      divide_in_place(p, static_cast<std::int64_t>(bk.nbytes / itemsize(bk.dtype)), bk.dtype,
-                      g.size);
-    if (direct[b] || !roles.receives) return;
-    if (bk.strided) {
-      unpack_bucket(bk, leaves, p);
-    } else {
-      unpack_slots(bk, mem, p);
-    }
+    bucket(b).finish(g.size, [&](const std::byte* p) {
+      if (bk.strided) {
+        unpack_bucket(bk, leaves, p);
+      } else {
+        unpack_slots(bk, mem, p);
+      }
+    });
   };
   std::vector<MPI_Request> in_flight;
   for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
     const auto& bk = plan.buckets[b];
-    std::byte* p = memory_of(b);
-    if (!direct[b] && roles.sends) {  // overlaps bucket b-1 when pipelining
+    const InPlaceBucket ib = bucket(b);
+    if (ib.packed && roles.sends) {  // overlaps bucket b-1 when pipelining
       if (bk.strided) {
-        pack_bucket(bk, leaves, p);
+        pack_bucket(bk, leaves, ib.p);
       } else {
-        pack_slots(bk, mem, p);
+        pack_slots(bk, mem, ib.p);
       }
     }
     if (!pipeline) {
-      for_each_message(bk.nbytes, bk.dtype, plan.max_message_bytes,
-                       [&](std::size_t off, int count) {
-                         start_or_run(call, g.rank, g.comm, p + off, count, bk.dtype, nullptr);
-                       });
+      ib.start(call, g, plan.max_message_bytes, nullptr);
       finish(b);
       continue;
     }
     std::vector<MPI_Request> started;
-    for_each_message(bk.nbytes, bk.dtype, plan.max_message_bytes, [&](std::size_t off, int count) {
-      started.push_back(MPI_REQUEST_NULL);
-      start_or_run(call, g.rank, g.comm, p + off, count, bk.dtype, &started.back());
-    });
+    ib.start(call, g, plan.max_message_bytes, &started);
     if (b > 0) {
       TD_MPI_CHECK(
           MPI_Waitall(static_cast<int>(in_flight.size()), in_flight.data(), MPI_STATUSES_IGNORE));
@@ -235,45 +287,29 @@ std::vector<Work> run_buckets(const BucketPlan& plan, std::span<const LeafRef> l
   std::size_t buffered = 0;  // every Work owns its pack buffer until it completes
   for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
     const auto& bk = plan.buckets[b];
-    auto st = runner.state(bucket_description(call.name, plan, b, leaves, g->size));
+    auto st = runner.state(call.name, plan, b, leaves, g->size);
     for (const auto& slot : bk.slots) st->keep_alive.push_back(*leaves[slot.leaf].tensor);
     bool packed = false;
     std::byte* p = BucketRunner::place(bk, leaves, *st, roles.sends, &packed);
     if (packed) buffered += bk.nbytes;
-    const auto count = static_cast<std::int64_t>(bk.nbytes / itemsize(bk.dtype));
-    // Compressed: float buckets travel as 16-bit values in a buffer of their own. AVG divides
-    // before summing (the sum of N values of a 16-bit float overflows where N averages do not).
-    const bool squeeze = wire.has_value() && compressible(bk.dtype);
-    const DType type = squeeze ? *wire : bk.dtype;
-    std::byte* w = p;
-    if (squeeze) {
-      auto buf = std::make_shared<Storage>(static_cast<std::size_t>(count) * itemsize(type));
-      w = buf->data;
+    InPlaceBucket ib(bk, p, packed, call, roles, wire);
+    if (ib.squeeze) {  // float buckets travel as 16-bit values in a buffer of their own
+      auto buf = std::make_shared<Storage>(ib.wire_bytes());
+      ib.w = buf->data;
       st->held.push_back(std::move(buf));
       if (roles.sends)
-        compress(p, bk.dtype, count, call.op == ReduceOp::AVG ? 1.0 / g->size : 1.0, type, w);
+        compress(p, bk.dtype, ib.count, call.op == ReduceOp::AVG ? 1.0 / g->size : 1.0, ib.wire,
+                 ib.w);
     }
-    const bool avg = !squeeze && divides_result(call, roles);
-    const int size = g->size;
     auto bucket = std::make_shared<BucketPlan::Bucket>(bk);
     WorkState* raw = st.get();
-    st->finish = [raw, bucket, p, w, count, squeeze, type, avg, packed, roles, size] {
-      if (!roles.receives) return;
-      if (squeeze) decompress(w, type, count, bucket->dtype, p);
-      if (avg) divide_in_place(p, count, bucket->dtype, size);
-      if (packed) unpack_into_handles(*bucket, raw->keep_alive, p);
-    };
-    const std::size_t max_message = plan.max_message_bytes;
-    const std::size_t wire_bytes = static_cast<std::size_t>(count) * itemsize(type);
-    runner.run(st, [&](std::vector<MPI_Request>* reqs) {
-      for_each_message(wire_bytes, type, max_message, [&](std::size_t off, int n) {
-        MPI_Request* req = nullptr;
-        if (reqs) {
-          reqs->push_back(MPI_REQUEST_NULL);
-          req = &reqs->back();
-        }
-        start_or_run(call, g->rank, g->comm, w + off, n, type, req);
+    st->finish = [raw, bucket, ib, size = g->size] {
+      ib.finish(size, [&](const std::byte* from) {
+        unpack_into_handles(*bucket, raw->keep_alive, from);
       });
+    };
+    runner.run(st, [&](std::vector<MPI_Request>* reqs) {
+      ib.start(call, *g, plan.max_message_bytes, reqs);
     });
   }
   note_extra_bytes(buffered);
@@ -283,10 +319,12 @@ std::vector<Work> run_buckets(const BucketPlan& plan, std::span<const LeafRef> l
 BucketRunner::BucketRunner(Clock::time_point deadline, bool async_op)
     : deadline_(deadline), async_(async_op) {}
 
-std::shared_ptr<WorkState> BucketRunner::state(std::string describe) const {
+std::shared_ptr<WorkState> BucketRunner::state(std::string_view what, const BucketPlan& plan,
+                                               std::size_t b, std::span<const LeafRef> leaves,
+                                               int group_size) const {
   auto st = std::make_shared<WorkState>();
   st->deadline = deadline_;
-  st->describe = [d = std::move(describe)] { return d; };
+  st->describe = [d = bucket_description(what, plan, b, leaves, group_size)] { return d; };
   return st;
 }
 

@@ -147,7 +147,7 @@ std::vector<Work> gather_leaves(std::span<const LeafRef> leaves,
   detail::BucketRunner runner(prepared.deadline, async_op);
   for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
     const auto& bk = plan.buckets[b];
-    auto st = runner.state(detail::bucket_description(what, plan, b, leaves, g.size));
+    auto st = runner.state(what, plan, b, leaves, g.size);
     st->held.push_back(src);
     const std::byte* send = detail::BucketRunner::place(bk, src->refs, *st, /*pack=*/true);
     const int count = detail::mpi_count(bk.nbytes / itemsize(bk.dtype), what);
@@ -356,7 +356,7 @@ std::vector<Work> TensorDict::scatter(int src, const std::vector<TensorDict>& pa
   detail::BucketRunner runner(prepared.deadline, opts.async_op);
   for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
     const auto& bk = plan.buckets[b];
-    auto st = runner.state(detail::bucket_description(what, plan, b, leaves, g.size));
+    auto st = runner.state(what, plan, b, leaves, g.size);
     st->held.push_back(mine);
     const int count = detail::mpi_count(bk.nbytes / itemsize(bk.dtype), what);
     const MPI_Datatype type = detail::mpi_datatype(bk.dtype);
@@ -384,6 +384,144 @@ std::vector<Work> TensorDict::scatter(int src, const std::vector<TensorDict>& pa
   return runner.works();
 }
 
+namespace {
+
+// How reduce_scatter splits every leaf's first dimension among the ranks: evenly (rank r gets
+// rows [r n/size, (r+1) n/size) of a leaf of n rows), or by rows_per_rank (`first` non-empty:
+// rank r gets rows [first[r], first[r+1]) of every leaf).
+struct RowSplit {
+  int size = 1;
+  std::vector<std::int64_t> first;
+
+  bool even() const { return first.empty(); }
+  // Rows of a leaf of `rows` rows that rank r receives.
+  std::int64_t rows_of(std::int64_t rows, std::size_t r) const {
+    return even() ? rows / size : first[r + 1] - first[r];
+  }
+  // Byte offset and length of rank r's rows in a contiguous leaf of `nbytes` bytes, `rows` rows.
+  std::pair<std::size_t, std::size_t> bytes_of(std::size_t nbytes, std::int64_t rows,
+                                               std::size_t r) const {
+    const std::size_t row = nbytes / static_cast<std::size_t>(rows);
+    const auto first_row = static_cast<std::size_t>(even() ? rows / size * r : first[r]);
+    return {row * first_row, row * static_cast<std::size_t>(rows_of(rows, r))};
+  }
+};
+
+// Both reduce_scatter forms: checks (`err`: this rank's bad argument), agreement, this rank's
+// shards as fresh leaves of a dict of this one's structure (`out`), then per bucket one
+// MPI_Reduce_scatter_block (even split) or MPI_Reduce_scatter (per-rank counts).
+std::vector<Work> reduce_scatter_rows(const TensorDict& self, std::span<const LeafRef> leaves,
+                                      TensorDict& out, ReduceOp op, const RowSplit& split,
+                                      std::string_view what, std::string err,
+                                      const CollectiveOptions& opts) {
+  const auto prepared = detail::prepare_collective(
+      leaves, CollectiveCall{CollectiveKind::ReduceScatter, op, 0, what, true}, opts,
+      std::move(err));
+  const detail::GroupState& g = *prepared.group;
+  const BucketPlan& plan = *prepared.plan;
+  const auto size = static_cast<std::size_t>(g.size);
+  const auto me = static_cast<std::size_t>(g.rank);
+
+  auto shards = std::make_shared<Leaves>(fresh_leaves(leaves, plan, [&](const Tensor& t) {
+    Shape s = t.shape();
+    s[0] = split.rows_of(s[0], me);
+    return Tensor::empty(s, t.dtype());
+  }));
+  TensorDict result = rebuild(self, by_key(leaves, shards->tensors), [&](const Shape& s) {
+    Shape b = s;
+    if (!b.empty()) b[0] = split.rows_of(b[0], me);
+    return b;
+  });
+
+  // A bucket's send buffer is rank-major: rank r's rows of each of the bucket's leaves, back to
+  // back, so MPI hands each rank its rows packed like the bucket (counts[r] elements). A bucket
+  // of one contiguous leaf is that already.
+  auto src = std::make_shared<Leaves>(handles(leaves));
+  detail::BucketRunner runner(prepared.deadline, opts.async_op);
+  for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
+    const auto& bk = plan.buckets[b];
+    const std::size_t isz = itemsize(bk.dtype);
+    auto st = runner.state(what, plan, b, leaves, g.size);
+    st->held.push_back(src);
+    st->held.push_back(shards);
+    // Leaves with no elements are not in the plan: every slot's leaf has rows > 0.
+    std::vector<std::int64_t> rows;
+    for (const auto& slot : bk.slots) rows.push_back(src->tensors[slot.leaf].shape()[0]);
+    auto counts = std::make_shared<std::vector<int>>();
+    for (std::size_t r = 0; r < size; ++r) {
+      std::size_t n = 0;
+      for (std::size_t s = 0; s < bk.slots.size(); ++s)
+        n += split.bytes_of(bk.slots[s].nbytes, rows[s], r).second;
+      counts->push_back(detail::mpi_count(n / isz, what));
+    }
+    st->held.push_back(counts);
+    const std::byte* send;
+    if (bk.slots.size() == 1 && !bk.strided) {
+      send = static_cast<const std::byte*>(src->tensors[bk.slots[0].leaf].raw_data());
+    } else {
+      auto buf = storage(bk.nbytes);
+      st->held.push_back(buf);
+      std::byte* to = buf->data;
+      std::vector<Tensor> contiguous;
+      for (const auto& slot : bk.slots) contiguous.push_back(src->tensors[slot.leaf].contiguous());
+      for (std::size_t r = 0; r < size; ++r) {
+        for (std::size_t s = 0; s < bk.slots.size(); ++s) {
+          const auto [off, n] = split.bytes_of(bk.slots[s].nbytes, rows[s], r);
+          std::memcpy(to, static_cast<const std::byte*>(contiguous[s].raw_data()) + off, n);
+          to += n;
+        }
+      }
+      send = buf->data;
+    }
+    const std::size_t block = static_cast<std::size_t>((*counts)[me]) * isz;
+    std::byte* recv;
+    const bool direct = bk.slots.size() == 1;
+    if (direct) {
+      recv = static_cast<std::byte*>(shards->tensors[bk.slots[0].leaf].raw_data());
+    } else {
+      auto buf = storage(std::max<std::size_t>(block, 1));
+      st->held.push_back(buf);
+      recv = buf->data;
+    }
+    std::vector<std::size_t> mine;  // this rank's bytes of each slot's leaf
+    for (std::size_t s = 0; s < bk.slots.size(); ++s)
+      mine.push_back(split.bytes_of(bk.slots[s].nbytes, rows[s], me).second);
+    auto bucket = std::make_shared<BucketPlan::Bucket>(bk);
+    const bool avg = op == ReduceOp::AVG;
+    const int divisor = g.size;
+    st->finish = [bucket, shards, recv, block, direct, avg, divisor, mine = std::move(mine), isz] {
+      if (avg)
+        detail::divide_in_place(recv, static_cast<std::int64_t>(block / isz), bucket->dtype,
+                                divisor);
+      if (direct) return;
+      const std::byte* from = recv;
+      for (std::size_t s = 0; s < bucket->slots.size(); ++s) {
+        std::memcpy(shards->tensors[bucket->slots[s].leaf].raw_data(), from, mine[s]);
+        from += mine[s];
+      }
+    };
+    const MPI_Datatype type = detail::mpi_datatype(bk.dtype);
+    const MPI_Op mop = detail::mpi_op(op, bk.dtype);
+    const MPI_Comm comm = g.comm;
+    const int* c = counts->data();
+    if (split.even()) {
+      runner.run_one(st, [&](MPI_Request* req) {
+        TD_MPI_CHECK(req ? MPI_Ireduce_scatter_block(send, recv, c[0], type, mop, comm, req)
+                         : MPI_Reduce_scatter_block(send, recv, c[0], type, mop, comm));
+      });
+    } else {
+      runner.run_one(st, [&](MPI_Request* req) {
+        TD_MPI_CHECK(req ? MPI_Ireduce_scatter(send, recv, c, type, mop, comm, req)
+                         : MPI_Reduce_scatter(send, recv, c, type, mop, comm));
+      });
+    }
+  }
+  out = std::move(result);
+  return runner.works();
+}
+
+}  // namespace
+
 std::vector<Work> TensorDict::reduce_scatter(TensorDict& out, ReduceOp op,
                                              const CollectiveOptions& opts) const {
   constexpr std::string_view what = "TensorDict.reduce_scatter";
@@ -404,83 +542,8 @@ std::vector<Work> TensorDict::reduce_scatter(TensorDict& out, ReduceOp op,
     }
     if (!err.empty()) break;
   }
-  const auto prepared = detail::prepare_collective(
-      leaves, CollectiveCall{CollectiveKind::ReduceScatter, op, 0, what, true}, opts,
-      std::move(err));
-  const detail::GroupState& g = *prepared.group;
-  const BucketPlan& plan = *prepared.plan;
-  const auto size = static_cast<std::size_t>(g.size);
-
-  // This rank's shards: the first dimension divided by the group size.
-  auto shards = std::make_shared<Leaves>(fresh_leaves(leaves, plan, [&](const Tensor& t) {
-    Shape s = t.shape();
-    s[0] /= g.size;
-    return Tensor::empty(s, t.dtype());
-  }));
-  TensorDict result = rebuild(*this, by_key(leaves, shards->tensors), [&](const Shape& s) {
-    Shape b = s;
-    if (!b.empty()) b[0] /= g.size;
-    return b;
-  });
-
-  // A bucket's send buffer is rank-major: rank r's shards of the bucket's leaves, back to back
-  // (slot offsets divided by the group size), so MPI_Reduce_scatter_block hands each rank its
-  // shards packed like the bucket. A bucket of one contiguous leaf is that already.
-  auto src = std::make_shared<Leaves>(handles(leaves));
-  detail::BucketRunner runner(prepared.deadline, opts.async_op);
-  for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
-    const auto& bk = plan.buckets[b];
-    auto st = runner.state(detail::bucket_description(what, plan, b, leaves, g.size));
-    st->held.push_back(src);
-    st->held.push_back(shards);
-    const std::size_t block = bk.nbytes / size;
-    const std::byte* send;
-    if (bk.slots.size() == 1 && !bk.strided) {
-      send = static_cast<const std::byte*>(src->tensors[bk.slots[0].leaf].raw_data());
-    } else {
-      auto buf = storage(bk.nbytes);
-      st->held.push_back(buf);
-      for (const auto& slot : bk.slots) {
-        const Tensor leaf = src->tensors[slot.leaf].contiguous();
-        const auto* from = static_cast<const std::byte*>(leaf.raw_data());
-        const std::size_t piece = slot.nbytes / size;
-        for (std::size_t r = 0; r < size; ++r)
-          std::memcpy(buf->data + r * block + slot.offset / size, from + r * piece, piece);
-      }
-      send = buf->data;
-    }
-    std::byte* recv;
-    const bool direct = bk.slots.size() == 1;
-    if (direct) {
-      recv = static_cast<std::byte*>(shards->tensors[bk.slots[0].leaf].raw_data());
-    } else {
-      auto buf = storage(block);
-      st->held.push_back(buf);
-      recv = buf->data;
-    }
-    auto bucket = std::make_shared<BucketPlan::Bucket>(bk);
-    const bool avg = op == ReduceOp::AVG;
-    const int divisor = g.size;
-    st->finish = [bucket, shards, recv, block, direct, avg, divisor, size] {
-      if (avg)
-        detail::divide_in_place(recv, static_cast<std::int64_t>(block / itemsize(bucket->dtype)),
-                                bucket->dtype, divisor);
-      if (direct) return;
-      for (const auto& slot : bucket->slots)
-        std::memcpy(shards->tensors[slot.leaf].raw_data(), recv + slot.offset / size,
-                    slot.nbytes / size);
-    };
-    const int count = detail::mpi_count(block / itemsize(bk.dtype), what);
-    const MPI_Datatype type = detail::mpi_datatype(bk.dtype);
-    const MPI_Op mop = detail::mpi_op(op, bk.dtype);
-    const MPI_Comm comm = g.comm;
-    runner.run_one(st, [&](MPI_Request* req) {
-      TD_MPI_CHECK(req ? MPI_Ireduce_scatter_block(send, recv, count, type, mop, comm, req)
-                       : MPI_Reduce_scatter_block(send, recv, count, type, mop, comm));
-    });
-  }
-  out = std::move(result);
-  return runner.works();
+  return reduce_scatter_rows(*this, leaves, out, op, RowSplit{std::max(group_size, 1), {}}, what,
+                             std::move(err), opts);
 }
 
 TensorDict TensorDict::reduce_scatter(ReduceOp op, const CollectiveOptions& opts) const {
@@ -491,21 +554,18 @@ TensorDict TensorDict::reduce_scatter(ReduceOp op, const CollectiveOptions& opts
   return out;
 }
 
-}  // namespace td
-
-namespace td {
-
 TensorDict TensorDict::reduce_scatter(const std::vector<std::int64_t>& rows_per_rank, ReduceOp op,
                                       const CollectiveOptions& opts) const {
   auto in = detail::dict_leaves(*this, /*with_cache=*/false);
   const std::span<const LeafRef> leaves = in.leaves;
   const int group_size = detail::group_of(opts)->size;
   std::string err = std::move(in.error);
-  std::int64_t rows = 0;
+  RowSplit split{group_size, {0}};
   for (const std::int64_t n : rows_per_rank) {
     if (n < 0 && err.empty()) err = fmt::format("rows_per_rank holds a negative size {}", n);
-    rows += std::max<std::int64_t>(n, 0);
+    split.first.push_back(split.first.back() + std::max<std::int64_t>(n, 0));
   }
+  const std::int64_t rows = split.first.back();
   if (err.empty() && rows_per_rank.size() != static_cast<std::size_t>(group_size))
     err = fmt::format("rows_per_rank has {} sizes for a group of {} ranks (one per rank)",
                       rows_per_rank.size(), group_size);
@@ -526,107 +586,9 @@ TensorDict TensorDict::reduce_scatter(const std::vector<std::int64_t>& rows_per_
       fmt::format("TensorDict.reduce_scatter[rows_per_rank={}]", fmt::join(rows_per_rank, ","));
   CollectiveOptions sync = opts;
   sync.async_op = false;
-  const auto prepared = detail::prepare_collective(
-      leaves, CollectiveCall{CollectiveKind::ReduceScatter, op, 0, what, true}, sync,
-      std::move(err));
-  const detail::GroupState& g = *prepared.group;
-  const BucketPlan& plan = *prepared.plan;
-  const auto size = static_cast<std::size_t>(g.size);
-  const auto me = static_cast<std::size_t>(g.rank);
-  std::vector<std::int64_t> first_row(size + 1,
-                                      0);  // rank r's rows: [first_row[r], first_row[r+1])
-  for (std::size_t r = 0; r < size; ++r) first_row[r + 1] = first_row[r] + rows_per_rank[r];
-  const std::int64_t mine = rows_per_rank[me];
-
-  auto shards = std::make_shared<Leaves>(fresh_leaves(leaves, plan, [&](const Tensor& t) {
-    Shape s = t.shape();
-    s[0] = mine;
-    return Tensor::empty(s, t.dtype());
-  }));
-  TensorDict result = rebuild(*this, by_key(leaves, shards->tensors), [&](const Shape& s) {
-    Shape b = s;
-    if (!b.empty()) b[0] = mine;
-    return b;
-  });
-
-  // A bucket's send buffer is rank-major: rank r's rows of each of the bucket's leaves, back to
-  // back, so MPI_Reduce_scatter hands each rank its rows packed like the bucket (counts[r]
-  // elements). A bucket of one contiguous leaf is that already.
-  auto src = std::make_shared<Leaves>(handles(leaves));
-  detail::BucketRunner runner(prepared.deadline, /*async_op=*/false);
-  for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
-    const auto& bk = plan.buckets[b];
-    const std::size_t isz = itemsize(bk.dtype);
-    auto st = runner.state(detail::bucket_description(what, plan, b, leaves, g.size));
-    st->held.push_back(src);
-    st->held.push_back(shards);
-    // Elements per row of each slot's leaf (its first dimension is `rows`, not 0: the plan
-    // skips leaves without elements).
-    std::vector<std::size_t> row_elems;
-    for (const auto& slot : bk.slots)
-      row_elems.push_back(slot.nbytes / isz / static_cast<std::size_t>(rows));
-    auto counts = std::make_shared<std::vector<int>>();
-    for (std::size_t r = 0; r < size; ++r) {
-      std::size_t n = 0;
-      for (const std::size_t e : row_elems) n += e * static_cast<std::size_t>(rows_per_rank[r]);
-      counts->push_back(detail::mpi_count(n, what));
-    }
-    st->held.push_back(counts);
-    const std::byte* send;
-    if (bk.slots.size() == 1 && !bk.strided) {
-      send = static_cast<const std::byte*>(src->tensors[bk.slots[0].leaf].raw_data());
-    } else {
-      auto buf = storage(bk.nbytes);
-      st->held.push_back(buf);
-      std::byte* to = buf->data;
-      std::vector<Tensor> contiguous;
-      for (const auto& slot : bk.slots) contiguous.push_back(src->tensors[slot.leaf].contiguous());
-      for (std::size_t r = 0; r < size; ++r) {
-        for (std::size_t s = 0; s < bk.slots.size(); ++s) {
-          const std::size_t row_bytes = row_elems[s] * isz;
-          const auto* from = static_cast<const std::byte*>(contiguous[s].raw_data());
-          const std::size_t n = row_bytes * static_cast<std::size_t>(rows_per_rank[r]);
-          std::memcpy(to, from + row_bytes * static_cast<std::size_t>(first_row[r]), n);
-          to += n;
-        }
-      }
-      send = buf->data;
-    }
-    const std::size_t block = static_cast<std::size_t>((*counts)[me]) * isz;
-    std::byte* recv;
-    const bool direct = bk.slots.size() == 1;
-    if (direct) {
-      recv = static_cast<std::byte*>(shards->tensors[bk.slots[0].leaf].raw_data());
-    } else {
-      auto buf = storage(std::max<std::size_t>(block, 1));
-      st->held.push_back(buf);
-      recv = buf->data;
-    }
-    auto bucket = std::make_shared<BucketPlan::Bucket>(bk);
-    const bool avg = op == ReduceOp::AVG;
-    const int divisor = g.size;
-    st->finish = [bucket, shards, recv, block, direct, avg, divisor, row_elems, mine, isz] {
-      if (avg)
-        detail::divide_in_place(recv, static_cast<std::int64_t>(block / isz), bucket->dtype,
-                                divisor);
-      if (direct) return;
-      const std::byte* from = recv;
-      for (std::size_t s = 0; s < bucket->slots.size(); ++s) {
-        const std::size_t n = row_elems[s] * isz * static_cast<std::size_t>(mine);
-        std::memcpy(shards->tensors[bucket->slots[s].leaf].raw_data(), from, n);
-        from += n;
-      }
-    };
-    const MPI_Datatype type = detail::mpi_datatype(bk.dtype);
-    const MPI_Op mop = detail::mpi_op(op, bk.dtype);
-    const MPI_Comm comm = g.comm;
-    runner.run_one(st, [&](MPI_Request* req) {
-      TD_MPI_CHECK(req ? MPI_Ireduce_scatter(send, recv, counts->data(), type, mop, comm, req)
-                       : MPI_Reduce_scatter(send, recv, counts->data(), type, mop, comm));
-    });
-  }
-  runner.works();
-  return result;
+  TensorDict out;
+  reduce_scatter_rows(*this, leaves, out, op, split, what, std::move(err), sync);
+  return out;
 }
 
 }  // namespace td

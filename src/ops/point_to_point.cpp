@@ -278,27 +278,49 @@ Work finish_start(const std::shared_ptr<WorkState>& st, const CollectiveOptions&
   return Work(st);
 }
 
-// A transfer's Work, with the handshake's two buffers (header: fingerprint and bucket cap;
-// verdict) held by it.
+// A transfer under way: its peer, its leaves, and its Work holding the handshake's two buffers
+// (header: fingerprint and bucket cap; verdict).
 struct TransferState {
+  Peer p;
+  std::shared_ptr<Transfer> x;
   std::shared_ptr<WorkState> st;
   std::shared_ptr<std::array<std::uint64_t, 2>> header;
   std::shared_ptr<int> verdict;
 };
 
-TransferState new_transfer_state(const Peer& p, const CollectiveOptions& opts, const Transfer& x,
-                                 const char* direction) {
-  TransferState t{std::make_shared<WorkState>(), std::make_shared<std::array<std::uint64_t, 2>>(),
-                  std::make_shared<int>(0)};
+TransferState begin_transfer(std::span<const LeafRef> leaves, int peer, std::string_view what,
+                             bool sending, const CollectiveOptions& opts, std::string local_error) {
+  TransferState t{start_peer_call(peer, what, sending ? "dst" : "src", sending, opts),
+                  transfer_of(leaves, std::move(local_error)), std::make_shared<WorkState>(),
+                  std::make_shared<std::array<std::uint64_t, 2>>(), std::make_shared<int>(0)};
   t.st->deadline = detail::deadline_after(detail::timeout_of(opts));
-  t.st->describe = [p, direction] {
+  t.st->describe = [p = t.p, direction = sending ? "to" : "from"] {
     return fmt::format("{} {} rank {} of the group of {} ranks", p.what, direction, p.rank,
                        p.group->size);
   };
-  t.st->keep_alive = x.tensors;
+  t.st->keep_alive = t.x->tensors;
   t.st->held.push_back(t.header);
   t.st->held.push_back(t.verdict);
   return t;
+}
+
+// The handshake said no (a layout difference, or a side that could not take part and offered
+// fingerprint 0): both sides swap their layouts and throw the error naming the first difference.
+void reject(WorkState& w, const std::shared_ptr<Transfer>& x, const Peer& p, bool sending) {
+  swap_descriptions(
+      w, x, p, sending ? "receiver" : "sender", [p, x, sending](const std::string& diff) {
+        if (!x->error.empty()) throw std::invalid_argument(fmt::format("{}: {}", p.what, x->error));
+        if (sending)
+          throw LayoutMismatchError(
+              fmt::format("{}: the receiver (rank {}) does not hold the sender's layout (keys, "
+                          "dtypes and shapes in sorted key order): {}; nothing was sent",
+                          p.what, p.rank, diff));
+        throw LayoutMismatchError(
+            fmt::format("{}: this TensorDict does not hold the sender's (rank {}) layout "
+                        "(keys, dtypes and shapes in sorted key order): {}; nothing was "
+                        "received",
+                        p.what, p.rank, diff));
+      });
 }
 
 Work start_send(std::span<const LeafRef> leaves, int dst, const CollectiveOptions& opts,
@@ -306,44 +328,33 @@ Work start_send(std::span<const LeafRef> leaves, int dst, const CollectiveOption
   // Every argument is checked before start_peer_call takes this call's tag block, so a bad
   // call changes nothing and a corrected retry pairs with the receiver's pending recv.
   const std::uint64_t cap = cap_of(opts, from_dict, what);
-  const Peer p = start_peer_call(dst, what, "dst", /*sending=*/true, opts);
-  auto x = transfer_of(leaves, std::move(local_error));
-  TransferState t = new_transfer_state(p, opts, *x, "to");
-  const auto& st = t.st;
-  const auto header = t.header;
-  const auto verdict = t.verdict;
-  *header = {x->error.empty() ? fingerprint(*x) : 0, cap};
-  st->requests.resize(2, MPI_REQUEST_NULL);
-  TD_MPI_CHECK(MPI_Isend(header->data(), 2, MPI_UINT64_T, dst, p.base, p.comm, &st->requests[0]));
-  TD_MPI_CHECK(MPI_Irecv(verdict.get(), 1, MPI_INT, dst, p.base + 1, p.comm, &st->requests[1]));
-  st->then = [x, p, cap, verdict](WorkState& w) {
+  TransferState t =
+      begin_transfer(leaves, dst, what, /*sending=*/true, opts, std::move(local_error));
+  const Peer& p = t.p;
+  *t.header = {t.x->error.empty() ? fingerprint(*t.x) : 0, cap};
+  t.st->requests.resize(2, MPI_REQUEST_NULL);
+  TD_MPI_CHECK(
+      MPI_Isend(t.header->data(), 2, MPI_UINT64_T, dst, p.base, p.comm, &t.st->requests[0]));
+  TD_MPI_CHECK(MPI_Irecv(t.verdict.get(), 1, MPI_INT, dst, p.base + 1, p.comm, &t.st->requests[1]));
+  t.st->then = [x = t.x, p, cap, verdict = t.verdict](WorkState& w) {
     if (*verdict == 1) {
       post_data(w, x, cap, /*sending=*/true, p);
-      return;
+    } else {
+      reject(w, x, p, /*sending=*/true);
     }
-    // Rejected (also when this side could not send: it offered fingerprint 0).
-    swap_descriptions(w, x, p, "receiver", [p, x](const std::string& diff) {
-      if (!x->error.empty()) throw std::invalid_argument(fmt::format("{}: {}", p.what, x->error));
-      throw LayoutMismatchError(fmt::format(
-          "{}: the receiver (rank {}) does not hold the sender's layout (keys, dtypes and shapes "
-          "in sorted key order): {}; nothing was sent",
-          p.what, p.rank, diff));
-    });
   };
-  return finish_start(st, opts);
+  return finish_start(t.st, opts);
 }
 
 Work start_recv(std::span<const LeafRef> leaves, int src, const CollectiveOptions& opts,
                 std::string_view what, std::string local_error = {}) {
-  const Peer p = start_peer_call(src, what, "src", /*sending=*/false, opts);
-  auto x = transfer_of(leaves, std::move(local_error));
-  TransferState t = new_transfer_state(p, opts, *x, "from");
-  const auto& st = t.st;
-  const auto header = t.header;
-  const auto verdict = t.verdict;
-  st->requests.resize(1, MPI_REQUEST_NULL);
-  TD_MPI_CHECK(MPI_Irecv(header->data(), 2, MPI_UINT64_T, src, p.base, p.comm, &st->requests[0]));
-  st->then = [x, p, header, verdict](WorkState& w) {
+  TransferState t =
+      begin_transfer(leaves, src, what, /*sending=*/false, opts, std::move(local_error));
+  const Peer& p = t.p;
+  t.st->requests.resize(1, MPI_REQUEST_NULL);
+  TD_MPI_CHECK(
+      MPI_Irecv(t.header->data(), 2, MPI_UINT64_T, src, p.base, p.comm, &t.st->requests[0]));
+  t.st->then = [x = t.x, p, header = t.header, verdict = t.verdict](WorkState& w) {
     const auto [theirs, cap] = *header;
     const bool ok = x->error.empty() && theirs != 0 && theirs == fingerprint(*x);
     *verdict = ok ? 1 : 0;
@@ -354,17 +365,9 @@ Work start_recv(std::span<const LeafRef> leaves, int src, const CollectiveOption
       post_data(w, x, cap, /*sending=*/false, p);
       return;
     }
-    w.then = [x, p](WorkState& w2) {
-      swap_descriptions(w2, x, p, "sender", [p, x](const std::string& diff) {
-        if (!x->error.empty()) throw std::invalid_argument(fmt::format("{}: {}", p.what, x->error));
-        throw LayoutMismatchError(fmt::format(
-            "{}: this TensorDict does not hold the sender's (rank {}) layout (keys, dtypes and "
-            "shapes in sorted key order): {}; nothing was received",
-            p.what, p.rank, diff));
-      });
-    };
+    w.then = [x, p](WorkState& w2) { reject(w2, x, p, /*sending=*/false); };
   };
-  return finish_start(st, opts);
+  return finish_start(t.st, opts);
 }
 
 std::vector<Work> as_vector(Work w, const CollectiveOptions& opts) {
