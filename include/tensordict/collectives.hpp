@@ -72,9 +72,9 @@ TD_API Work send(const Tensor& t, int dst, const CollectiveOptions& opts = {});
 /// Receives rank `src`'s send() into `t` (any strides), which holds the sender's dtype and shape.
 TD_API Work recv(Tensor& t, int src, const CollectiveOptions& opts = {});
 /// send() with async_op set: returns at once with a pending Work (torch.distributed.isend).
-TD_API Work isend(const Tensor& t, int dst, const CollectiveOptions& opts = {});
+[[nodiscard]] TD_API Work isend(const Tensor& t, int dst, const CollectiveOptions& opts = {});
 /// recv() with async_op set: returns at once with a pending Work (torch.distributed.irecv).
-TD_API Work irecv(Tensor& t, int src, const CollectiveOptions& opts = {});
+[[nodiscard]] TD_API Work irecv(Tensor& t, int src, const CollectiveOptions& opts = {});
 
 /// Diagnostics of the bucketing packer, for benchmarks and tuning.
 struct PackerStats {

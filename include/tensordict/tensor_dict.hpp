@@ -113,9 +113,9 @@ class TD_API TensorDict {
   /// bucketing is the sender's choice). With opts.async_op the leaves are valid after wait().
   std::vector<Work> recv(int src, const CollectiveOptions& opts = {});
   /// send() with async_op set (torch.distributed.isend).
-  std::vector<Work> isend(int dst, const CollectiveOptions& opts = {});
+  [[nodiscard]] std::vector<Work> isend(int dst, const CollectiveOptions& opts = {});
   /// recv() with async_op set (torch.distributed.irecv).
-  std::vector<Work> irecv(int src, const CollectiveOptions& opts = {});
+  [[nodiscard]] std::vector<Work> irecv(int src, const CollectiveOptions& opts = {});
   /// Every rank's dict: [r] is rank r's (with fresh storage). Runs to completion even with
   /// opts.async_op; the overload that fills `out` can return pending Works.
   std::vector<TensorDict> all_gather(const CollectiveOptions& opts = {}) const;

@@ -404,11 +404,11 @@ class TensorClass {
     return in_place([&](TensorDict& d) { return d.recv(src, opts); });
   }
   /// TensorDict::isend: send() with async_op set.
-  std::vector<Work> isend(int dst, const CollectiveOptions& opts = {}) const {
+  [[nodiscard]] std::vector<Work> isend(int dst, const CollectiveOptions& opts = {}) const {
     return to_tensordict().isend(dst, opts);
   }
   /// TensorDict::irecv: recv() with async_op set; the fields are valid after wait().
-  std::vector<Work> irecv(int src, const CollectiveOptions& opts = {}) {
+  [[nodiscard]] std::vector<Work> irecv(int src, const CollectiveOptions& opts = {}) {
     return in_place([&](TensorDict& d) { return d.irecv(src, opts); });
   }
   /// TensorDict::all_gather: [r] is rank r's struct.

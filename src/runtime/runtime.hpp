@@ -136,6 +136,9 @@ class WorkState {
   /// thread completes it instead of calling MPI from a second thread (which would only contend
   /// with the progress thread for Open MPI's locks).
   std::atomic<bool> on_progress_thread{false};
+  /// Set by Work::wait() and Work::is_completed(): a Work destroyed before either was called
+  /// is a dropped result (Work::~Work warns once per process).
+  std::atomic<bool> observed{false};
 
   ~WorkState();
 

@@ -1,5 +1,6 @@
 #include "tensordict/work.hpp"
 
+#include <atomic>
 #include <cstdio>
 #include <mutex>
 #include <thread>
@@ -7,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "runtime/log.hpp"
 #include "runtime/runtime.hpp"
 
 namespace td {
@@ -194,23 +196,46 @@ Work& Work::operator=(Work&& other) noexcept {
   return *this;
 }
 
+namespace {
+// An async call's Works thrown away unwaited (`d.all_reduce(op, {.async_op = true});` as a
+// statement): the destructor then blocks, so the call is silently sync, and an error of the
+// operation would go unseen. Said once per process, whatever TD_LOG_LEVEL.
+void warn_dropped(detail::WorkState& st) {
+  static std::atomic<bool> said{false};
+  if (said.exchange(true)) return;
+  detail::log_line(
+      detail::LogLevel::Warn,
+      fmt::format("a td::Work ({}) was destroyed before wait() or is_completed() was called on "
+                  "it: its destructor waits for the operation, so the call did not overlap "
+                  "anything, and its errors are only printed. Keep the Works an async call "
+                  "returns and call td::wait_all() on them (said once per process)",
+                  st.describe ? st.describe() : std::string("an operation")));
+}
+}  // namespace
+
 Work::~Work() {
-  // A timed-out operation was already reported by wait(); its buffers are leaked on purpose.
-  if (!state_ || state_->settled() || state_->timed_out()) return;
+  if (!state_) return;
+  const bool dropped = !state_->observed.load(std::memory_order_relaxed);
+  if (dropped) warn_dropped(*state_);
+  // A timed-out operation was already reported by wait(); its buffers are leaked on purpose. A
+  // settled one that was waited for has nothing left to report.
+  if (state_->timed_out() || (state_->settled() && !dropped)) return;
   try {
     state_->wait();
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "[td] a pending td::Work was destroyed and its operation failed: %s\n",
-                 e.what());
+    std::fprintf(stderr, "[td] a td::Work was destroyed and its operation failed: %s\n", e.what());
   }
 }
 
 void Work::wait() {
-  if (state_) state_->wait();
+  if (!state_) return;
+  state_->observed.store(true, std::memory_order_relaxed);
+  state_->wait();
 }
 
 bool Work::is_completed() {
   if (!state_) return true;
+  state_->observed.store(true, std::memory_order_relaxed);
   if (state_->test()) return true;
   if (!state_->on_progress_thread.load(std::memory_order_acquire))
     detail::progress_others(state_.get());
