@@ -98,6 +98,18 @@ TEST_CASE("broadcast_dict delivers the source's dict to ranks that hold nothing"
   CHECK(same(got, rich(size - 1)));
   // An empty dict travels too.
   CHECK(td::broadcast_dict(TensorDict(), 0).keys().empty());
+  // Large leaves of a source that is not consolidated travel one message per leaf from each
+  // leaf's own memory (a strided one made contiguous first), small ones packed together: the
+  // receivers post the messages the source announced.
+  TensorDict large;
+  for (int i = 0; i < 4; ++i)
+    large.set({"large", std::to_string(i)}, filled(DType::Float32, {128, 256 + i}, i));
+  large.set({"large", "strided"}, filled(DType::Float32, {300, 200}, 9).transpose(0, 1));
+  large.set("small", filled(DType::Int64, {3}, 1));
+  for (int src = 0; src < size; ++src) {
+    const TensorDict got = td::broadcast_dict(rank == src ? large : TensorDict(), src);
+    CHECK(same(got, large));
+  }
 }
 
 TEST_CASE("send_dict and recv_dict move a dict to a rank that holds nothing", "[transport]") {

@@ -99,6 +99,60 @@ std::byte* stream_data(const Outgoing& o, std::size_t k, Hold& hold) {
   return static_cast<std::byte*>(buf.raw_data());
 }
 
+// A sender that is not consolidated sends each leaf from its own memory (no pack copy) when
+// its leaves average at least this many bytes; smaller leaves are packed into one message.
+constexpr std::uint64_t kSegmentBytes = std::uint64_t{64} << 10;
+
+// Where segment `seg` of a sender's stream is: the leaf's (or its sparse part's) own memory,
+// made contiguous into `hold` if it is not.
+std::byte* segment_data(const Outgoing& o, const detail::StreamSegment& seg, Hold& hold) {
+  const Tensor& leaf = o.tensors[seg.leaf];
+  Tensor t = seg.part == 0 ? leaf : seg.part == 1 ? leaf.values() : leaf.indices();
+  if (!t.is_contiguous()) t = t.contiguous();
+  hold.tensors.push_back(t);
+  return static_cast<std::byte*>(t.raw_data());
+}
+// Which of `o`'s dtype streams travel as one message per segment (bit k): those not in place
+// whose leaves average at least kSegmentBytes. Sent to the receivers, who post the same messages.
+std::uint64_t segment_mask(const Outgoing& o) {
+  std::uint64_t mask = 0;
+  for (std::size_t k = 0; k < kNumDTypes; ++k) {
+    if (o.sizes[1 + k] == 0 || detail::stream_in_place(o.layout, o.tensors, dtype_at(k)) != nullptr)
+      continue;
+    const auto segments = detail::stream_segments(o.layout, dtype_at(k)).size();
+    if (o.sizes[1 + k] >= kSegmentBytes * segments) mask |= std::uint64_t{1} << k;
+  }
+  return mask;
+}
+
+// The sender's messages of stream k: post(data, nbytes) once for the whole stream (in place or
+// packed), or once per segment from each leaf's own memory (bit k of `mask`).
+template <class Post>
+void post_stream_out(const Outgoing& o, std::size_t k, std::uint64_t mask, Hold& hold,
+                     Post&& post) {
+  if ((mask >> k & 1U) == 0) return post(stream_data(o, k, hold), o.sizes[1 + k]);
+  const std::size_t isz = itemsize(dtype_at(k));
+  for (const auto& seg : detail::stream_segments(o.layout, dtype_at(k)))
+    post(segment_data(o, seg, hold), seg.count * isz);
+}
+
+// The receiver's messages of stream k into `data` (the stream's storage), matching the sender's.
+template <class Post>
+void post_stream_in(const DictLayout& layout, std::size_t k, std::uint64_t nbytes,
+                    std::uint64_t mask, std::byte* data, Post&& post) {
+  if ((mask >> k & 1U) == 0) return post(data, nbytes);
+  const std::size_t isz = itemsize(dtype_at(k));
+  for (const auto& seg : detail::stream_segments(layout, dtype_at(k)))
+    post(data + seg.offset * isz, seg.count * isz);
+}
+
+// A segment mask from a peer: bits of dtypes only.
+void check_mask(std::uint64_t mask, int rank, std::string_view what) {
+  if (mask >> kNumDTypes != 0)
+    throw Error(
+        fmt::format("{}: rank {} sent an invalid header (segment mask {:#x})", what, rank, mask));
+}
+
 // Options these calls reject (noted as a local error, agreed like any other).
 std::string option_error(const CollectiveOptions& opts) {
   if (opts.async_op)
@@ -164,26 +218,42 @@ DictLayout decode_checked(std::span<const std::byte> bytes, const Sizes& s, int 
   return layout;
 }
 
-// Step 3 where only some ranks decode: every rank learns whether one rejected what it received.
-// A rank that did rethrows its own error; the others raise a td::Error naming it.
+// Step 3 where only some ranks decode: every rank learns whether one rejected what it received,
+// and then raises the same error: that of the highest rejecting rank, whose text it broadcasts.
 void agree_status(const detail::GroupState& g, const std::exception_ptr& local,
                   Clock::time_point deadline, std::string_view what) {
-  auto flag = std::make_shared<int>(local ? g.rank + 1 : 0);
-  MPI_Request req = MPI_REQUEST_NULL;
-  TD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, flag.get(), 1, MPI_INT, MPI_MAX, g.comm, &req));
-  detail::wait_until(
-      req, deadline,
-      [&] {
-        return fmt::format("{}: the metadata check of a group of {} did not complete", what,
-                           g.size);
-      },
-      flag);
-  if (local) std::rethrow_exception(local);
-  if (*flag != 0)
-    throw Error(
-        fmt::format("{}: rank {} rejected the metadata it received (its own error says "
-                    "why); no data was sent",
-                    what, *flag - 1));
+  auto hold = std::make_shared<Hold>();
+  hold->words.assign(1, local ? static_cast<std::uint64_t>(g.rank) + 1 : 0);
+  const std::function<std::string()> describe = [&] {
+    return fmt::format("{}: the metadata check of a group of {} did not complete", what, g.size);
+  };
+  std::vector<MPI_Request> reqs(1, MPI_REQUEST_NULL);
+  TD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, hold->words.data(), 1, MPI_UINT64_T, MPI_MAX, g.comm,
+                              reqs.data()));
+  wait_all(reqs, deadline, describe, hold);
+  if (hold->words[0] == 0) return;
+  const int rejecting = static_cast<int>(hold->words[0] - 1);
+  auto& text = hold->bytes.emplace_back();
+  if (g.rank == rejecting) {
+    try {
+      std::rethrow_exception(local);
+    } catch (const std::exception& e) {
+      const std::string_view msg = e.what();
+      text.resize(std::min<std::size_t>(msg.size(), detail::kWireMaxMetadataBytes));
+      std::memcpy(text.data(), msg.data(), text.size());
+    }
+  }
+  hold->words.assign(1, text.size());
+  reqs.assign(1, MPI_REQUEST_NULL);
+  TD_MPI_CHECK(MPI_Ibcast(hold->words.data(), 1, MPI_UINT64_T, rejecting, g.comm, reqs.data()));
+  wait_all(reqs, deadline, describe, hold);
+  text.resize(hold->words[0]);
+  reqs.assign(1, MPI_REQUEST_NULL);
+  TD_MPI_CHECK(MPI_Ibcast(text.data(), detail::mpi_count(text.size(), what), MPI_BYTE, rejecting,
+                          g.comm, reqs.data()));
+  wait_all(reqs, deadline, describe, hold);
+  if (g.rank == rejecting) std::rethrow_exception(local);
+  throw Error(std::string(reinterpret_cast<const char*>(text.data()), text.size()));
 }
 
 // The dict of a received layout whose streams are the given ranges of `all[k]` (element ranges).
@@ -335,19 +405,6 @@ std::vector<TensorDict> gather_dicts_impl(const TensorDict& value, bool all, int
 // segment (bit k, see stream_segments) rather than as one stream; [3..] the size record.
 constexpr int kHeaderWords = 3 + kSizeWords;
 constexpr std::size_t kFirstSizeWord = 3;
-// A sender that is not consolidated sends each leaf from its own memory (no pack copy) when
-// its leaves average at least this many bytes; smaller leaves are packed into one message.
-constexpr std::uint64_t kSegmentBytes = std::uint64_t{64} << 10;
-
-// Where segment `seg` of a sender's stream is: the leaf's (or its sparse part's) own memory,
-// made contiguous into `hold` if it is not.
-std::byte* segment_data(const Outgoing& o, const detail::StreamSegment& seg, Hold& hold) {
-  const Tensor& leaf = o.tensors[seg.leaf];
-  Tensor t = seg.part == 0 ? leaf : seg.part == 1 ? leaf.values() : leaf.indices();
-  if (!t.is_contiguous()) t = t.contiguous();
-  hold.tensors.push_back(t);
-  return static_cast<std::byte*>(t.raw_data());
-}
 constexpr std::uint64_t kOk = 0, kBadArgument = 1, kFailed = 2;
 // The receiver's answer: [0] one of the above, then its error text (NUL-terminated).
 constexpr int kAckBytes = 512;
@@ -418,14 +475,21 @@ TensorDict broadcast_dict(const TensorDict& value, int src, const CollectiveOpti
     return fmt::format("{} from rank {} in a group of {} ranks", what, src, g->size);
   };
 
-  hold->words.assign(kSizeWords, 0);
-  if (is_src) std::copy(out->sizes.begin(), out->sizes.end(), hold->words.begin());
+  // The size record, then the segment mask (which streams go one message per leaf).
+  hold->words.assign(kSizeWords + 1, 0);
+  if (is_src) {
+    std::copy(out->sizes.begin(), out->sizes.end(), hold->words.begin());
+    hold->words[kSizeWords] = segment_mask(*out);
+  }
   std::vector<MPI_Request> reqs(1, MPI_REQUEST_NULL);
-  TD_MPI_CHECK(MPI_Ibcast(hold->words.data(), kSizeWords, MPI_UINT64_T, src, comm, reqs.data()));
+  TD_MPI_CHECK(
+      MPI_Ibcast(hold->words.data(), kSizeWords + 1, MPI_UINT64_T, src, comm, reqs.data()));
   wait_all(reqs, deadline, describe, hold);
   Sizes sizes{};
-  std::copy(hold->words.begin(), hold->words.end(), sizes.begin());
+  std::copy_n(hold->words.begin(), kSizeWords, sizes.begin());
+  const std::uint64_t per_segment = hold->words[kSizeWords];
   check_sizes(sizes, src, what);
+  check_mask(per_segment, src, what);
 
   auto& meta = hold->bytes.emplace_back(is_src ? out->meta : std::vector<std::byte>(sizes[0]));
   reqs.assign(1, MPI_REQUEST_NULL);
@@ -447,20 +511,21 @@ TensorDict broadcast_dict(const TensorDict& value, int src, const CollectiveOpti
   for (std::size_t k = 0; k < kNumDTypes; ++k) {
     if (sizes[1 + k] == 0) continue;
     const DType dtype = dtype_at(k);
-    std::byte* p = nullptr;
-    if (is_src) {
-      p = stream_data(*out, k, *hold);
-    } else {
-      streams[k] =
-          Tensor::empty({static_cast<std::int64_t>(sizes[1 + k] / itemsize(dtype))}, dtype);
-      hold->tensors.push_back(streams[k]);
-      p = static_cast<std::byte*>(streams[k].raw_data());
-    }
     const MPI_Datatype type = detail::mpi_datatype(dtype);
-    detail::for_each_message(sizes[1 + k], dtype, SIZE_MAX, [&](std::size_t off, int count) {
-      reqs.push_back(MPI_REQUEST_NULL);
-      TD_MPI_CHECK(MPI_Ibcast(p + off, count, type, src, comm, &reqs.back()));
-    });
+    auto post = [&](std::byte* p, std::uint64_t nbytes) {
+      detail::for_each_message(nbytes, dtype, SIZE_MAX, [&](std::size_t off, int count) {
+        reqs.push_back(MPI_REQUEST_NULL);
+        TD_MPI_CHECK(MPI_Ibcast(p + off, count, type, src, comm, &reqs.back()));
+      });
+    };
+    if (is_src) {
+      post_stream_out(*out, k, per_segment, *hold, post);
+      continue;
+    }
+    streams[k] = Tensor::empty({static_cast<std::int64_t>(sizes[1 + k] / itemsize(dtype))}, dtype);
+    hold->tensors.push_back(streams[k]);
+    post_stream_in(layout, k, sizes[1 + k], per_segment,
+                   static_cast<std::byte*>(streams[k].raw_data()), post);
   }
   wait_all(reqs, deadline, describe, hold);
   if (is_src) return value;
@@ -600,13 +665,7 @@ void send_dict(const TensorDict& value, int dst, const CollectiveOptions& opts) 
     body.resize(err.size());
     std::memcpy(body.data(), err.data(), err.size());
   } else {
-    for (std::size_t k = 0; k < kNumDTypes; ++k) {
-      if (out->sizes[1 + k] == 0 ||
-          detail::stream_in_place(out->layout, out->tensors, dtype_at(k)) != nullptr)
-        continue;
-      const auto segments = detail::stream_segments(out->layout, dtype_at(k)).size();
-      if (out->sizes[1 + k] >= kSegmentBytes * segments) per_segment |= std::uint64_t{1} << k;
-    }
+    per_segment = segment_mask(*out);
     hold->words[2] = per_segment;
     std::copy(out->sizes.begin(), out->sizes.end(),
               hold->words.begin() + static_cast<std::ptrdiff_t>(kFirstSizeWord));
@@ -636,18 +695,12 @@ void send_dict(const TensorDict& value, int dst, const CollectiveOptions& opts) 
     if (out->sizes[1 + k] == 0) continue;
     const DType dtype = dtype_at(k);
     const MPI_Datatype type = detail::mpi_datatype(dtype);
-    auto send = [&](std::byte* data, std::uint64_t nbytes) {
+    post_stream_out(*out, k, per_segment, *hold, [&](std::byte* data, std::uint64_t nbytes) {
       detail::for_each_message(nbytes, dtype, SIZE_MAX, [&](std::size_t off, int count) {
         reqs.push_back(MPI_REQUEST_NULL);
         TD_MPI_CHECK(MPI_Isend(data + off, count, type, dst, p.tag, comm, &reqs.back()));
       });
-    };
-    if ((per_segment >> k & 1U) == 0) {
-      send(stream_data(*out, k, *hold), out->sizes[1 + k]);
-      continue;
-    }
-    for (const auto& seg : detail::stream_segments(out->layout, dtype))
-      send(segment_data(*out, seg, *hold), seg.count * itemsize(dtype));
+    });
   }
   wait_all(reqs, p.deadline, describe, hold);
 }
@@ -696,9 +749,7 @@ TensorDict recv_dict(int src, const CollectiveOptions& opts) {
   if (verdict == kOk) {
     try {
       check_sizes(sizes, src, what);
-      if (per_segment >> kNumDTypes != 0)
-        throw Error(fmt::format("{}: rank {} sent an invalid header (segment mask {:#x})", what,
-                                src, per_segment));
+      check_mask(per_segment, src, what);
       layout = decode_checked(body, sizes, src, what);
     } catch (const std::exception& e) {
       verdict = kFailed;
@@ -722,19 +773,13 @@ TensorDict recv_dict(int src, const CollectiveOptions& opts) {
     hold->tensors.push_back(streams[k]);
     auto* data = static_cast<std::byte*>(streams[k].raw_data());
     const MPI_Datatype type = detail::mpi_datatype(dtype);
-    auto recv = [&](std::byte* at, std::uint64_t nbytes) {
-      detail::for_each_message(nbytes, dtype, SIZE_MAX, [&](std::size_t off, int count) {
-        reqs.push_back(MPI_REQUEST_NULL);
-        TD_MPI_CHECK(MPI_Irecv(at + off, count, type, src, p.tag, comm, &reqs.back()));
-      });
-    };
-    if ((per_segment >> k & 1U) == 0) {
-      recv(data, sizes[1 + k]);
-      continue;
-    }
-    const std::size_t isz = itemsize(dtype);
-    for (const auto& seg : detail::stream_segments(layout, dtype))
-      recv(data + seg.offset * isz, seg.count * isz);
+    post_stream_in(layout, k, sizes[1 + k], per_segment, data,
+                   [&](std::byte* at, std::uint64_t nbytes) {
+                     detail::for_each_message(nbytes, dtype, SIZE_MAX, [&](std::size_t off, int n) {
+                       reqs.push_back(MPI_REQUEST_NULL);
+                       TD_MPI_CHECK(MPI_Irecv(at + off, n, type, src, p.tag, comm, &reqs.back()));
+                     });
+                   });
   }
   wait_all(reqs, p.deadline, describe, hold);
   return result_of(layout, streams, {}, what);
