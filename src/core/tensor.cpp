@@ -9,42 +9,30 @@
 #include <ostream>
 #include <utility>
 
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
-
 #include <fmt/ranges.h>
 
-#include "core/config.hpp"
+#include "core/storage_pool.hpp"
 #include "core/tensor_internal.hpp"
 
 namespace td {
 
 namespace detail {
 
-// Storages of at least kHugePage bytes start on a 2 MiB boundary and are marked for transparent
-// huge pages (madvise; Linux's default THP mode serves only marked memory). Shared-memory MPI
-// copies between processes with process_vm_readv, which pins every page of both buffers on every
-// call: with 2 MiB pages a 32 MiB all_reduce ran 2x faster here (docs/configuration.md). PyTorch
-// does the same for large CPU tensors (THP_MEM_ALLOC_ENABLE). TD_HUGEPAGES=0 turns it off.
+// Every storage comes from the storage pool (core/storage_pool.hpp). Shared-memory MPI copies
+// between processes with process_vm_readv, which pins every page of both buffers on every call:
+// a dict of separately created 256 KiB-1 MiB leaves on 4 KiB pages all_reduced 2x slower than
+// the same bytes on 2 MiB pages. So storages of 16 KiB-1.75 MiB are carved from 2 MiB-aligned
+// chunks marked MADV_HUGEPAGE (Linux's default THP mode serves only marked memory), by size
+// class, and larger ones get 2 MiB-aligned memory of their own, marked too, as PyTorch does for
+// large CPU tensors (THP_MEM_ALLOC_ENABLE); smaller ones, and all with TD_HUGEPAGES=0, come from
+// aligned_alloc(64). docs/configuration.md#huge-pages has the figures and the memory overhead.
 Storage::Storage(std::size_t n) : nbytes(n) {
-  constexpr std::size_t kAlign = 64;  // cache line; also enough for any Eigen vectorisation
-  constexpr std::size_t kHugePage = std::size_t{2} << 20;
-  const std::size_t rounded = std::max<std::size_t>(kAlign, (n + kAlign - 1) / kAlign * kAlign);
-  void* p = nullptr;
-  if (n >= kHugePage && config().hugepages) {
-    if (posix_memalign(&p, kHugePage, rounded) != 0) p = nullptr;
-#if defined(MADV_HUGEPAGE)
-    if (p != nullptr) madvise(p, rounded / kHugePage * kHugePage, MADV_HUGEPAGE);
-#endif
-  } else {
-    p = std::aligned_alloc(kAlign, rounded);
-  }
-  if (!p) throw std::bad_alloc();
-  data = static_cast<std::byte*>(p);
+  const StorageBlock b = storage_pool().allocate(n);
+  data = b.data;
+  owner = b.owner;
 }
 
-Storage::~Storage() { std::free(data); }
+Storage::~Storage() { storage_pool().release(data, nbytes, owner); }
 
 Shape contiguous_strides(const Shape& shape) {
   Shape strides(shape.size());

@@ -10,14 +10,16 @@
 
 namespace td::detail {
 
-/// Aligned bytes owned by one or more tensors.
+/// Aligned bytes owned by one or more tensors, from the storage pool (core/storage_pool.hpp):
+/// at least 64-byte aligned; medium and large ones on transparent huge pages.
 struct Storage {
-  explicit Storage(std::size_t nbytes);
+  explicit Storage(std::size_t nbytes);  // throws std::bad_alloc
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   std::byte* data = nullptr;
   std::size_t nbytes = 0;
+  void* owner = nullptr;  // where data came from (StoragePool::release)
 };
 
 /// The two dense tensors behind a sparse COO tensor.
