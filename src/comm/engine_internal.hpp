@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "comm/collective_engine.hpp"
+#include "comm/compression.hpp"
 
 namespace td::detail {
 
@@ -99,6 +100,43 @@ Roles roles_of(const CollectiveCall& call, int rank);
 /// Posts (req) or runs (req null) one message of an in-place collective.
 void start_or_run(const CollectiveCall& call, int rank, MPI_Comm comm, std::byte* p, int count,
                   DType dtype, MPI_Request* req);
+/// One bucket of all_reduce / reduce / broadcast as it travels, the same on the sync path, the
+/// async path and the Reducer's: `p` holds its elements in the bucket's dtype (the leaves' own
+/// memory, or a pack buffer when `packed`); MPI reads and writes `w`: `p` itself, or a 16-bit
+/// copy of it when the bucket travels compressed (the caller points `w` at that buffer). The
+/// paths differ only in where a buffer comes from and in when finish() runs.
+struct InPlaceBucket {
+  DType dtype;
+  std::int64_t count;  // elements
+  std::byte* p;
+  bool packed;
+  std::byte* w;
+  DType wire;     // w's dtype
+  bool squeeze;   // w is a compressed copy of p
+  bool avg;       // this rank divides its result by the group size
+  bool sends;     // this rank's data is an input
+  bool receives;  // this rank holds the result afterwards
+
+  /// A bucket of `nbytes` of `dt` at `at`; with `compressed` (Float16 or BFloat16) a float
+  /// bucket travels in that type.
+  InPlaceBucket(DType dt, std::size_t nbytes, std::byte* at, bool is_packed,
+                const CollectiveCall& call, Roles roles, std::optional<DType> compressed);
+  /// Bytes MPI moves.
+  std::size_t wire_bytes() const { return static_cast<std::size_t>(count) * itemsize(wire); }
+  /// Compressed: writes p's elements into w (AVG: divided by the group size first).
+  void compress_into_wire(const CollectiveCall& call, int group_size) const;
+  /// Posts (reqs) or runs (reqs null) the bucket's messages of at most `max_message` bytes.
+  void start(const CollectiveCall& call, const GroupState& g, std::size_t max_message,
+             std::vector<MPI_Request>* reqs) const;
+  /// After the messages completed: widens, divides and, when packed, unpack(p) copies back.
+  template <class Unpack>
+  void finish(int group_size, Unpack&& unpack) const {
+    if (!receives) return;
+    if (squeeze) decompress(w, wire, count, dtype, p);
+    if (avg) divide_in_place(p, count, dtype, group_size);
+    if (packed) unpack(static_cast<const std::byte*>(p));
+  }
+};
 /// Packer statistics.
 void note_extra_bytes(std::size_t n);
 void note_plan(bool hit);

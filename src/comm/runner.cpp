@@ -116,66 +116,40 @@ std::vector<char> direct_buckets(const std::shared_ptr<const BucketPlan>& plan,
   return mem.direct;
 }
 
-namespace {
+InPlaceBucket::InPlaceBucket(DType dt, std::size_t nbytes, std::byte* at, bool is_packed,
+                             const CollectiveCall& call, Roles roles,
+                             std::optional<DType> compressed)
+    : dtype(dt),
+      count(static_cast<std::int64_t>(nbytes / itemsize(dt))),
+      p(at),
+      packed(is_packed),
+      w(at),
+      wire(dt),
+      squeeze(compressed.has_value() && compressible(dt)),
+      // Compressed, AVG divides before summing (the sum of N values of a 16-bit float overflows
+      // where N averages do not).
+      avg(!squeeze && divides_result(call, roles)),
+      sends(roles.sends),
+      receives(roles.receives) {
+  if (squeeze) wire = *compressed;
+}
 
-// One bucket of all_reduce / reduce / broadcast as it travels, the same on the sync and the
-// async path: `p` holds its elements in the bucket's dtype (the leaves' own memory, or a pack
-// buffer when `packed`); MPI reads and writes `w`: `p` itself, or a 16-bit copy of it when the
-// bucket travels compressed. The two paths differ only in where a pack buffer comes from (the
-// group's reused scratch, or one the Work owns) and in when finish() runs.
-struct InPlaceBucket {
-  DType dtype;
-  std::int64_t count;  // elements
-  std::byte* p;
-  bool packed;
-  std::byte* w;
-  DType wire;     // w's dtype
-  bool squeeze;   // w is a compressed copy of p
-  bool avg;       // this rank divides its result by the group size
-  bool receives;  // this rank holds the result afterwards
+void InPlaceBucket::compress_into_wire(const CollectiveCall& call, int group_size) const {
+  if (squeeze && sends)
+    compress(p, dtype, count, call.op == ReduceOp::AVG ? 1.0 / group_size : 1.0, wire, w);
+}
 
-  InPlaceBucket(const BucketPlan::Bucket& bk, std::byte* at, bool is_packed,
-                const CollectiveCall& call, Roles roles, std::optional<DType> compressed)
-      : dtype(bk.dtype),
-        count(static_cast<std::int64_t>(bk.nbytes / itemsize(bk.dtype))),
-        p(at),
-        packed(is_packed),
-        w(at),
-        wire(bk.dtype),
-        squeeze(compressed.has_value() && compressible(bk.dtype)),
-        // Compressed, AVG divides before summing (the sum of N values of a 16-bit float
-        // overflows where N averages do not).
-        avg(!squeeze && divides_result(call, roles)),
-        receives(roles.receives) {
-    if (squeeze) wire = *compressed;
-  }
-
-  std::size_t wire_bytes() const { return static_cast<std::size_t>(count) * itemsize(wire); }
-
-  // Posts (reqs) or runs (reqs null) the bucket's messages.
-  void start(const CollectiveCall& call, const GroupState& g, std::size_t max_message,
-             std::vector<MPI_Request>* reqs) const {
-    for_each_message(wire_bytes(), wire, max_message, [&](std::size_t off, int n) {
-      MPI_Request* req = nullptr;
-      if (reqs) {
-        reqs->push_back(MPI_REQUEST_NULL);
-        req = &reqs->back();
-      }
-      start_or_run(call, g.rank, g.comm, w + off, n, wire, req);
-    });
-  }
-
-  // After the bucket's messages completed: widen, divide, copy back into the leaves.
-  template <class Unpack>
-  void finish(int group_size, Unpack&& unpack) const {
-    if (!receives) return;
-    if (squeeze) decompress(w, wire, count, dtype, p);
-    if (avg) divide_in_place(p, count, dtype, group_size);
-    if (packed) unpack(static_cast<const std::byte*>(p));
-  }
-};
-
-}  // namespace
+void InPlaceBucket::start(const CollectiveCall& call, const GroupState& g, std::size_t max_message,
+                          std::vector<MPI_Request>* reqs) const {
+  for_each_message(wire_bytes(), wire, max_message, [&](std::size_t off, int n) {
+    MPI_Request* req = nullptr;
+    if (reqs) {
+      reqs->push_back(MPI_REQUEST_NULL);
+      req = &reqs->back();
+    }
+    start_or_run(call, g.rank, g.comm, w + off, n, wire, req);
+  });
+}
 
 void run_sync(const std::shared_ptr<const BucketPlan>& plan_ptr, std::span<const LeafRef> leaves,
               const CollectiveCall& call, GroupState& g, const LeafMemory& mem) {
@@ -214,8 +188,10 @@ void run_sync(const std::shared_ptr<const BucketPlan>& plan_ptr, std::span<const
   } give_back{g, scratch};
   auto bucket = [&](std::size_t b) {
     const auto& bk = plan.buckets[b];
-    if (direct[b]) return InPlaceBucket(bk, mem.data[bk.slots[0].leaf], false, call, roles, {});
-    return InPlaceBucket(bk, scratch->data + (b % slots) * stride, true, call, roles, {});
+    if (direct[b])
+      return InPlaceBucket(bk.dtype, bk.nbytes, mem.data[bk.slots[0].leaf], false, call, roles, {});
+    return InPlaceBucket(bk.dtype, bk.nbytes, scratch->data + (b % slots) * stride, true, call,
+                         roles, {});
   };
   auto finish = [&](std::size_t b) {
     const auto& bk = plan.buckets[b];
@@ -292,14 +268,12 @@ std::vector<Work> run_buckets(const BucketPlan& plan, std::span<const LeafRef> l
     bool packed = false;
     std::byte* p = BucketRunner::place(bk, leaves, *st, roles.sends, &packed);
     if (packed) buffered += bk.nbytes;
-    InPlaceBucket ib(bk, p, packed, call, roles, wire);
+    InPlaceBucket ib(bk.dtype, bk.nbytes, p, packed, call, roles, wire);
     if (ib.squeeze) {  // float buckets travel as 16-bit values in a buffer of their own
       auto buf = std::make_shared<Storage>(ib.wire_bytes());
       ib.w = buf->data;
       st->held.push_back(std::move(buf));
-      if (roles.sends)
-        compress(p, bk.dtype, ib.count, call.op == ReduceOp::AVG ? 1.0 / g->size : 1.0, ib.wire,
-                 ib.w);
+      ib.compress_into_wire(call, g->size);
     }
     auto bucket = std::make_shared<BucketPlan::Bucket>(bk);
     WorkState* raw = st.get();

@@ -16,8 +16,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "comm/collective_engine.hpp"
-#include "comm/compression.hpp"
+#include "comm/engine_internal.hpp"
 #include "core/dict_internal.hpp"
 #include "runtime/runtime.hpp"
 
@@ -177,45 +176,28 @@ struct Reducer::Impl {
     layout_error = find_layout_change();
   }
 
-  // Posts bucket b's reduction; its finish step (on whichever thread completes it) divides or
-  // decompresses into the bucket.
+  // Posts bucket b's reduction in place (the bucket's storage, or its 16-bit copy when
+  // compressed); its finish step (on whichever thread completes it) divides or decompresses
+  // into the bucket, as for every all_reduce bucket (detail::InPlaceBucket).
   void launch(std::size_t b) {
     Bucket& bk = buckets[b];
     auto st = std::make_shared<detail::WorkState>();
     st->deadline = detail::deadline_after(timeout);
     st->describe = [d = bk.describe] { return d; };
     st->keep_alive.push_back(bk.storage);
-    const auto count = static_cast<std::int64_t>(bk.nbytes / itemsize(bk.dtype));
-    const int size = group->size;
-    std::byte* data = detail::TensorAccess::data(bk.storage, itemsize(bk.dtype));
-    std::byte* wire = data;
-    DType wire_dtype = bk.dtype;
-    if (bk.wire.defined()) {
+    const detail::CollectiveCall call{detail::CollectiveKind::AllReduce, op, 0, "Reducer", true};
+    std::optional<DType> compressed;
+    if (bk.wire.defined()) compressed = bk.wire.dtype();
+    detail::InPlaceBucket ib(bk.dtype, bk.nbytes,
+                             detail::TensorAccess::data(bk.storage, itemsize(bk.dtype)),
+                             /*is_packed=*/false, call, {true, true}, compressed);
+    if (ib.squeeze) {
       st->keep_alive.push_back(bk.wire);
-      wire_dtype = bk.wire.dtype();
-      wire = detail::TensorAccess::data(bk.wire, 2);
-      // AVG divides before summing, as DDP's fp16_compress_hook does: the sum of N values of a
-      // gradient's range cannot overflow FP16 then.
-      const double scale = op == ReduceOp::AVG ? 1.0 / static_cast<double>(size) : 1.0;
-      detail::compress(data, bk.dtype, count, scale, wire_dtype, wire);
-      st->finish = [data, wire, count, dt = bk.dtype, wire_dtype] {
-        detail::decompress(wire, wire_dtype, count, dt, data);
-      };
-    } else if (op == ReduceOp::AVG) {
-      st->finish = [data, count, dt = bk.dtype, size] {
-        detail::divide_in_place(data, count, dt, size);
-      };
+      ib.w = detail::TensorAccess::data(bk.wire, itemsize(ib.wire));
+      ib.compress_into_wire(call, group->size);
     }
-    const MPI_Datatype type = detail::mpi_datatype(wire_dtype);
-    const MPI_Op mop = detail::mpi_op(op, wire_dtype);
-    const std::size_t message = std::max<std::size_t>(
-        max_message_bytes / itemsize(bk.dtype) * itemsize(wire_dtype), itemsize(wire_dtype));
-    detail::for_each_message(static_cast<std::size_t>(count) * itemsize(wire_dtype), wire_dtype,
-                             message, [&](std::size_t off, int n) {
-                               st->requests.push_back(MPI_REQUEST_NULL);
-                               TD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, wire + off, n, type, mop,
-                                                           group->comm, &st->requests.back()));
-                             });
+    st->finish = [ib, size = group->size] { ib.finish(size, [](const std::byte*) {}); };
+    ib.start(call, *group, max_message_bytes, &st->requests);
     launched.push_back(st);
     bk.work = std::move(st);
   }
