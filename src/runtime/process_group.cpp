@@ -10,6 +10,7 @@
 #include <fmt/ranges.h>
 
 #include "core/config.hpp"
+#include "core/storage_pool.hpp"
 #include "runtime/log.hpp"
 #include "runtime/runtime.hpp"
 #include "tensordict/errors.hpp"
@@ -136,6 +137,10 @@ void init_impl(int* argc, char*** argv, const InitOptions& options) {
   });
   if (!mpi_tuning.empty())
     log_info_once(rt.world->rank, [&] { return fmt::format("Open MPI: {}", mpi_tuning); });
+  // Whether tensor storages get huge pages (a silent fallback otherwise: said here).
+  log_info_once(rt.world->rank, [] {
+    return fmt::format("tensor storage pool: {}", storage_pool().status().reason);
+  });
 }
 }  // namespace
 
