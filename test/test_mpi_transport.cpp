@@ -8,6 +8,7 @@
 #include <chrono>
 #include <complex>
 #include <cstdint>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -378,6 +379,54 @@ TEST_CASE("recv_dict rejects a hostile sender's metadata", "[transport][errors]"
   // The group still works for both ranks.
   if (rank == 0) td::send_dict(rich(1), 1);
   if (rank == 1) CHECK(same(td::recv_dict(0), rich(1)));
+}
+
+TEST_CASE("recv_dict whose sender stops after the handshake times out", "[transport][errors]") {
+  // Rank 0 learns a genuine header and metadata by reading rank 1's send_dict with raw MPI (and
+  // rejecting it), then replays them to rank 1's recv_dict, takes the verdict (accepted) and
+  // never sends the data: the receive must end with a td::TimeoutError at its deadline, not hang,
+  // and the group must still work afterwards.
+  const int rank = td::get_rank(), size = td::get_world_size();
+  if (size < 2 || rank > 1) return;
+  const MPI_Comm comm = td::world().comm();
+  int* ub = nullptr;
+  int flag = 0;
+  MPI_Comm_get_attr(comm, MPI_TAG_UB, static_cast<void*>(&ub), &flag);
+  const long long tag_ub = flag && ub ? *ub : 32767;
+  const int user_tag = 57;  // used by no other test: nothing later matches the abandoned receives
+  const int tag =
+      static_cast<int>(tag_ub / 1024 * 1024 + user_tag % (tag_ub - tag_ub / 1024 * 1024 + 1));
+  const td::CollectiveOptions opts{.timeout = std::chrono::milliseconds(300), .tag = user_tag};
+  TensorDict d;
+  d.set("x", filled(DType::Float32, {1000}, 1));
+  d.set({"y", "z"}, filled(DType::Int64, {10}, 2));
+  if (rank == 0) {
+    std::vector<std::uint64_t> header(3 + 1 + td::kNumDTypes);
+    MPI_Recv(header.data(), static_cast<int>(header.size()), MPI_UINT64_T, 1, tag, comm,
+             MPI_STATUS_IGNORE);
+    REQUIRE(header[0] == 0);  // ok: the metadata follows
+    std::vector<char> meta(header[3]);
+    MPI_Recv(meta.data(), static_cast<int>(meta.size()), MPI_BYTE, 1, tag, comm,
+             MPI_STATUS_IGNORE);
+    std::vector<char> no(512, 0);
+    no[0] = 2;  // failed
+    std::snprintf(no.data() + 1, 500, "%s", "not now");
+    MPI_Send(no.data(), 512, MPI_BYTE, 1, tag, comm);
+    // Now the sender that stops.
+    MPI_Send(header.data(), static_cast<int>(header.size()), MPI_UINT64_T, 1, tag, comm);
+    MPI_Send(meta.data(), static_cast<int>(meta.size()), MPI_BYTE, 1, tag, comm);
+    std::vector<char> verdict(512);
+    MPI_Recv(verdict.data(), 512, MPI_BYTE, 1, tag, comm, MPI_STATUS_IGNORE);
+    CHECK(verdict[0] == 0);  // accepted: the receiver now waits for the data
+  } else {
+    CHECK_THROWS_WITH(td::send_dict(d, 0, opts), Catch::Contains("not now"));
+    const auto start = std::chrono::steady_clock::now();
+    CHECK_THROWS_AS(td::recv_dict(0, opts), td::TimeoutError);
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+  }
+  // The group still works (other tags).
+  if (rank == 0) td::send_dict(d, 1);
+  if (rank == 1) CHECK(same(td::recv_dict(0), d));
 }
 
 TEST_CASE("recv_dict from a rank that never sends times out", "[transport][errors]") {
