@@ -4,7 +4,7 @@
 
 #include <tensordict/tensordict.hpp>
 
-#include "reference.hpp"
+#include "support/reference.hpp"
 
 using td::ReduceOp;
 using td::Tensor;

@@ -3,7 +3,7 @@
 
 #include <tensordict/tensordict.hpp>
 
-#include "reference.hpp"
+#include "support/reference.hpp"
 
 using td::DType;
 using td::ReduceOp;

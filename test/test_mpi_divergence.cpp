@@ -82,7 +82,7 @@
 
 #include <tensordict/tensordict.hpp>
 
-#include "reference.hpp"
+#include "support/reference.hpp"
 
 using td::DType;
 using td::Key;

@@ -10,17 +10,12 @@
 
 #include <tensordict/tensordict.hpp>
 
-#include "reference.hpp"
+#include "support/exchange.hpp"
+#include "support/names.hpp"
 
-using td::DType;
-using td::Key;
-using td::ReduceOp;
-using td::Tensor;
-using td::TensorDict;
+using namespace tdtest;
 
 namespace {
-
-constexpr std::int64_t kRows = 12;  // divisible by every group size from 1 to 4
 
 struct Spec {
   Key key;
@@ -44,12 +39,6 @@ std::vector<Spec> specs(bool floats_only = false) {
     s.push_back({Key({"nested", "count"}), DType::Int32, {kRows, 2}, false, 4});
   }
   return s;
-}
-
-// Element i (row-major) of leaf `id` of the dict of "rank" `who`: small integers, exact in every
-// dtype used, so sums and averages compare exactly.
-double value(int who, int id, std::int64_t i) {
-  return who * 1000.0 + id * 100.0 + static_cast<double>(i);
 }
 
 Tensor make_leaf(const Spec& s, int who) {
@@ -84,18 +73,7 @@ TensorDict make_dict(int who, bool floats_only = false) {
 template <class F>
 bool holds(const TensorDict& d, const Spec& s, const td::Shape& shape, F&& f) {
   const Tensor& t = d.get(s.key);
-  if (t.dtype() != s.dtype || t.shape() != shape) return false;
-  return td::visit(s.dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    if constexpr (std::is_arithmetic_v<T>) {
-      const auto v = t.to_vector<T>();
-      for (std::size_t i = 0; i < v.size(); ++i)
-        if (static_cast<double>(v[i]) != f(static_cast<std::int64_t>(i))) return false;
-      return true;
-    } else {
-      return false;
-    }
-  });
+  return t.dtype() == s.dtype && tdtest::holds(t, shape, std::forward<F>(f));
 }
 
 // Whether `d` is exactly `who`'s dict.
@@ -108,20 +86,8 @@ bool is_dict_of(const TensorDict& d, int who, bool floats_only = false) {
   return true;
 }
 
-struct Variant {
-  bool async_op;
-  std::optional<std::size_t> bucket_bytes;
-};
 const Variant kVariants[] = {
     {false, std::nullopt}, {false, 256}, {true, std::nullopt}, {true, 256}};
-
-td::CollectiveOptions options(const Variant& v, std::optional<td::ProcessGroup> group = {}) {
-  td::CollectiveOptions o;
-  o.async_op = v.async_op;
-  o.bucket_bytes = v.bucket_bytes;
-  o.group = std::move(group);
-  return o;
-}
 
 }  // namespace
 

@@ -7,7 +7,7 @@
 
 #include <tensordict/tensordict.hpp>
 
-#include "reference.hpp"
+#include "support/reference.hpp"
 
 using td::ReduceOp;
 using td::Tensor;

@@ -11,11 +11,10 @@
 
 #include <tensordict/tensordict.hpp>
 
-using td::DType;
-using td::Key;
-using td::ReduceOp;
-using td::Tensor;
-using td::TensorDict;
+#include "support/exchange.hpp"
+#include "support/names.hpp"
+
+using namespace tdtest;
 
 namespace {
 
@@ -33,8 +32,6 @@ struct Batch : td::TensorClass<Batch> {
   TD_TENSORCLASS_FIELDS(Batch, obs, actions, rewards, steps)
 };
 
-constexpr std::int64_t kRows = 12;  // divisible by every group size from 1 to 4
-
 struct FieldSpec {
   Key key;
   td::Shape shape;
@@ -50,12 +47,6 @@ const std::vector<FieldSpec>& field_specs() {
       {Key("steps"), {kRows}, 4},
   };
   return specs;
-}
-
-// Element i (row-major) of field `id` of "rank" `who`'s batch. Sums over ranks are multiples of
-// the group size, so SUM and AVG are exact in every dtype used.
-double value(int who, int id, std::int64_t i) {
-  return who * 1000.0 + id * 100.0 + static_cast<double>(i);
 }
 
 template <class T>
@@ -78,23 +69,6 @@ Batch make_batch(int who, bool floats_only = false) {
   b.rewards = filled<double>({kRows}, who, 3);
   b.steps = floats_only ? filled<float>({kRows}, who, 4) : filled<std::int64_t>({kRows}, who, 4);
   return b;
-}
-
-// Whether `t` has `shape` and holds f(i) at every logical position i.
-template <class F>
-bool holds(const Tensor& t, const td::Shape& shape, F&& f) {
-  if (!t.defined() || t.shape() != shape) return false;
-  return td::visit(t.dtype(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    if constexpr (std::is_arithmetic_v<T>) {
-      const auto v = t.to_vector<T>();
-      for (std::size_t i = 0; i < v.size(); ++i)
-        if (static_cast<double>(v[i]) != f(static_cast<std::int64_t>(i))) return false;
-      return true;
-    } else {
-      return false;
-    }
-  });
 }
 
 // Every field of `b` (read through the struct's members, not a dict) with its spec.
@@ -137,20 +111,8 @@ double reduced(ReduceOp op, int size, int id, std::int64_t i) {
   return op == ReduceOp::AVG ? acc / size : acc;
 }
 
-struct Variant {
-  bool async_op;
-  std::optional<std::size_t> bucket_bytes;
-};
 const Variant kVariants[] = {{false, std::nullopt}, {false, 64}, {false, td::kAutoBucketBytes},
                              {true, std::nullopt},  {true, 64},  {true, td::kAutoBucketBytes}};
-
-td::CollectiveOptions options(const Variant& v, std::optional<td::ProcessGroup> group = {}) {
-  td::CollectiveOptions o;
-  o.async_op = v.async_op;
-  o.bucket_bytes = v.bucket_bytes;
-  o.group = std::move(group);
-  return o;
-}
 
 std::string describe(const Variant& v) {
   return fmt::format("async_op={} bucket_bytes={}", v.async_op,

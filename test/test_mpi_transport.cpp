@@ -18,11 +18,7 @@
 
 #include <tensordict/tensordict.hpp>
 
-using td::DType;
-using td::Key;
-using td::ReduceOp;
-using td::Tensor;
-using td::TensorDict;
+#include "support/names.hpp"
 
 namespace {
 
