@@ -11,11 +11,15 @@
 // Timing: a barrier, one step timed with MPI_Wtime on every rank, the MAX over ranks; medians
 // over rounds.
 #include <chrono>
-#include <thread>
+#include <functional>
 
 #include <CLI/CLI.hpp>
 
-#include "bench_common.hpp"
+#include "support/guard.hpp"
+#include "support/options.hpp"
+#include "support/report.hpp"
+#include "support/runner.hpp"
+#include "support/workloads.hpp"
 
 namespace {
 
@@ -54,10 +58,6 @@ void spin_for(double seconds) {
   g_sink += x;
 }
 
-void idle_for(double seconds) {
-  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-}
-
 }  // namespace
 
 int run(int argc, char** argv) {
@@ -80,10 +80,7 @@ int run(int argc, char** argv) {
   td::TensorDict bucketed = td_bench::build_dict(w, false);
   td::TensorDict compressed = td_bench::build_dict(w, false);
   for (td::TensorDict* d : {&plain, &bucketed, &compressed})
-    for (std::size_t l = 0; l < w.leaves.size(); ++l) {
-      td::Tensor& t = d->get(td::Key(w.leaves[l].key));
-      td_bench::fill_pattern(t, l, rank);
-    }
+    td_bench::fill_known(*d, td::ReduceOp::AVG, rank);
   const td::CollectiveOptions auto_opts{.bucket_bytes = td::kAutoBucketBytes};
   td::Reducer reducer(bucketed, {.op = td::ReduceOp::AVG});
   td::Reducer reducer_bf16(compressed,
@@ -124,7 +121,7 @@ int run(int argc, char** argv) {
   MPI_Bcast(&compute_total, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
 
   using Work = std::function<void(double)>;
-  const Work idle = idle_for, spin = spin_for;
+  const Work idle = td_bench::idle_for, spin = spin_for;
   auto compute_alone = [&](const Work& work) {
     for (const auto& l : layers) work(compute_total * l.share);
   };

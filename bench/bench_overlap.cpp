@@ -9,12 +9,16 @@
 // leaves it idle for the same time (an accelerator computing while the host waits). Shared-memory
 // MPI moves data with the CPU, so with every core busy there is nothing to hide the copies
 // behind; the `wait` rows show what the progress thread achieves when a core is free.
+#include <array>
 #include <cmath>
-#include <thread>
+#include <functional>
 
 #include <CLI/CLI.hpp>
 
-#include "bench_common.hpp"
+#include "support/options.hpp"
+#include "support/report.hpp"
+#include "support/runner.hpp"
+#include "support/workloads.hpp"
 
 namespace {
 
@@ -27,10 +31,6 @@ void compute(std::int64_t iters) {
   for (std::int64_t k = 0; k < iters; ++k)
     for (auto& v : x) v = v * 0.999f + 0.001f;
   g_sink += x[7];
-}
-
-void idle_for(double seconds) {
-  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
 }
 
 }  // namespace
@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
   std::vector<double> t_comm;
   Series cpu, wait;
   const std::function<void()> cpu_work = [&] { compute(iters); };
-  const std::function<void()> idle_work = [&] { idle_for(t_comm_est); };
+  const std::function<void()> idle_work = [&] { td_bench::idle_for(t_comm_est); };
   auto overlapped = [&](const std::function<void()>& work) {
     return td_bench::timed_max_over_ranks([&] {
       auto works = d.all_reduce(td::ReduceOp::SUM, async);

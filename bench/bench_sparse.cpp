@@ -8,7 +8,9 @@
 
 #include <CLI/CLI.hpp>
 
-#include "bench_common.hpp"
+#include "support/options.hpp"
+#include "support/report.hpp"
+#include "support/runner.hpp"
 
 namespace {
 

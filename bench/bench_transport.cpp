@@ -9,21 +9,25 @@
 //              TensorDict::send / recv into a dict holding the layout;
 //   metadata: encode + decode of the 16384-leaf "tiny" workload's layout (no MPI).
 // Each round runs every variant once; a variant's figure is the median over rounds of the max
-// over ranks (bench_common.hpp's timing method). The results are checked once before timing.
+// over ranks (the timing method of bench/support/runner.hpp). The results are checked once before
+// timing.
 #include <chrono>
 
 #include <CLI/CLI.hpp>
 
 #include "../src/comm/dict_wire.cpp"  // NOLINT(bugprone-suspicious-include): internal, timed here
-#include "bench_common.hpp"
+#include "support/guard.hpp"
+#include "support/options.hpp"
+#include "support/report.hpp"
+#include "support/runner.hpp"
+#include "support/workloads.hpp"
 
 namespace {
 
 td::TensorDict filled_workload(const std::string& name, int rank) {
   const auto w = td_bench::make_workload(name, td::DType::Float32);
   td::TensorDict d = td_bench::build_dict(w, false);
-  std::size_t j = 0;
-  for (auto& [key, t] : d.canonical_leaves()) td_bench::fill_pattern(t, j++, rank);
+  td_bench::fill_known(d, td::ReduceOp::SUM, rank);
   return d;
 }
 
@@ -95,9 +99,7 @@ int main(int argc, char** argv) {
     ok = ok && gathered[static_cast<std::size_t>(r)].equal(ragged((r + 1) * rows, cols, r));
   if (rank == 0) td::send_dict(model, 1);
   if (rank == 1) ok = ok && td::recv_dict(0).equal(model);
-  int all_ok = ok ? 1 : 0;
-  MPI_Allreduce(MPI_IN_PLACE, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (!all_ok) {
+  if (!td_bench::all_ranks(ok)) {
     if (rank == 0) std::fprintf(stderr, "bench_transport: a result differs from its input\n");
     td::destroy_process_group();
     return 1;

@@ -1,12 +1,11 @@
 # Tests of what the benchmarks print and plot, and of what `make bench` builds. Included from the
-# benchmarks section of the top-level CMakeLists.txt when tests are built too (needs CLI11 and the
-# bench_allreduce target).
+# benchmarks section of the top-level CMakeLists.txt when tests are built too (needs the td_bench
+# and bench_allreduce targets).
 
 # Wording and axis ticks, without MPI.
 td_add_serial_test(NAME test_serial_bench_text
                    SOURCES "${CMAKE_CURRENT_LIST_DIR}/test_serial_bench_text.cpp" LABELS bench)
-target_include_directories(test_serial_bench_text PRIVATE "${PROJECT_SOURCE_DIR}/bench")
-target_link_libraries(test_serial_bench_text PRIVATE CLI11::CLI11)
+target_link_libraries(test_serial_bench_text PRIVATE td_bench)
 
 # A short bench_allreduce run at 2 ranks: results alone on stdout, progress on stderr, wording,
 # and the plot script. A fresh tuning each run (no cache), as a new user's first run.

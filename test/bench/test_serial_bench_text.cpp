@@ -1,7 +1,7 @@
-// What the benchmarks print and plot, without running them (bench/bench_common.hpp).
+// What the benchmarks print and plot, without running them (bench/support/report.hpp).
 #include <catch2/catch.hpp>
 
-#include "bench_common.hpp"
+#include "support/report.hpp"
 
 using td_bench::log_ticks;
 using td_bench::speed_phrase;
