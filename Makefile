@@ -72,9 +72,10 @@ bench-cluster: deps configure
 	  $(abspath $(BUILD_DIR))/bin/bench_allreduce $(BENCH_CLUSTER_ARGS) --no-plot \
 	  --csv $(abspath $(BUILD_DIR))/bench/allreduce-cluster.csv
 
-# glibc's heap on transparent huge pages too (docs/configuration.md#huge-pages): the launch
-# setting docs/benchmarks.md recommends and measures with; BENCH_ENV= runs without it.
-BENCH_ENV ?= -x GLIBC_TUNABLES=glibc.malloc.hugetlb=1
+# Extra mpirun options for `make bench`. Empty by default: the figures a program launched with a
+# plain `mpirun -np 2 ./app` gets (the library's storage pool puts tensors on huge pages by
+# itself). docs/benchmarks.md also shows BENCH_ENV='-x GLIBC_TUNABLES=glibc.malloc.hugetlb=1'.
+BENCH_ENV ?=
 # Extra bench_allreduce options, e.g. BENCH_ARGS='--workloads tiny,large'.
 BENCH_ARGS ?=
 # Builds the library and bench_allreduce only (`make test` builds the rest). Progress goes to

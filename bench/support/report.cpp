@@ -110,12 +110,22 @@ void print_workload(const WorkloadResult& res, int ranks) {
     if (per_leaf) s += ", " + speed_phrase(autob->median, per_leaf->median, "per-leaf");
     s += ";";
   }
+  if (const Row* floor = res.find(Role::CopyFloor); floor && autob && floor->median > 0)
+    s += fmt::format(" auto {} copy floor;", ratio_str(autob->median / floor->median));
   if (const Row* c = res.find(Role::Consolidated))
     s += fmt::format(" consolidated {} ideal;", ratio_str(ideal > 0 ? c->median / ideal : 0));
   if (const Row* cp = res.find(Role::CheckPlan); cp && autob && autob->median > 0)
     s += fmt::format(" check+plan {:.3f} ms = {:.1f}% of auto", cp->median * 1e3,
                      100.0 * cp->median / autob->median);
   fmt::print("{}\n", s);
+  if (res.storage_bytes > 0)
+    fmt::print(
+        "memory {}: {} in live tensor storages (every variant's copy); the storage pool "
+        "holds {} beyond them ({:.1f}%), and {} of empty chunks kept for reuse\n",
+        res.name, human_bytes(static_cast<double>(res.storage_bytes)),
+        human_bytes(static_cast<double>(res.pool_extra_bytes)),
+        100.0 * static_cast<double>(res.pool_extra_bytes) / static_cast<double>(res.storage_bytes),
+        human_bytes(static_cast<double>(res.pool_spare_bytes)));
   std::fflush(stdout);
 }
 

@@ -7,14 +7,18 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <functional>
+#include <map>
+#include <memory>
 #include <random>
 #include <thread>
 #include <utility>
 
 #include <fmt/format.h>
 
+#include "core/storage_pool.hpp"
 #include "guard.hpp"
 #include "support/reference.hpp"
 
@@ -223,6 +227,54 @@ WorkloadResult run_workload(const Workload& w, const Context& ctx, const Options
     });
   }
   {
+    // What a program would write by hand to reduce separately allocated leaves in few calls:
+    // copy every leaf into one buffer per dtype, reduce those as the fastest ideal does, copy
+    // back. Its time is the copy floor the bucketed path is held to (docs/benchmarks.md).
+    Variant v;
+    v.label = fmt::format("copy floor: memcpy+{}+memcpy", size_label(kIdealChunkBytes));
+    v.id = "copy_floor";
+    v.csv_bucket = std::to_string(kIdealChunkBytes);
+    v.role = Role::CopyFloor;
+    td::TensorDict& d = dicts.emplace_back(base.clone());
+    std::vector<td::Tensor>& f = flats.emplace_back();
+    for (const auto& [dt, b] : per_dtype)
+      f.push_back(td::Tensor::zeros({static_cast<std::int64_t>(b / td::itemsize(dt))}, dt));
+    // Each leaf's place: its dtype's buffer and byte offset (canonical order within a dtype).
+    struct Place {
+      std::byte* leaf;
+      std::byte* flat;
+      std::size_t nbytes;
+    };
+    auto places = std::make_shared<std::vector<Place>>();
+    {
+      std::map<td::DType, std::size_t> offset;
+      for (auto& [key, t] : d.canonical_leaves()) {
+        std::size_t k = 0;
+        for (const auto& [dt, b] : per_dtype) {
+          if (dt == t.dtype()) break;
+          ++k;
+        }
+        const std::size_t n = t.nbytes();
+        places->push_back({static_cast<std::byte*>(t.raw_data()),
+                           static_cast<std::byte*>(f[k].raw_data()) + offset[t.dtype()], n});
+        offset[t.dtype()] += n;
+      }
+    }
+    v.run = [&ctx, &f, places] {
+      for (const Place& p : *places) std::memcpy(p.flat, p.leaf, p.nbytes);
+      for (auto& t : f) ctx.run_raw(t, kIdealChunkBytes);
+      if (ctx.receives())
+        for (const Place& p : *places) std::memcpy(p.leaf, p.flat, p.nbytes);
+    };
+    v.fill_known = [&ctx, &d] { fill_known(d, ctx.op, ctx.rank); };
+    v.check = [&ctx, &d] {
+      return ctx.receives() ? check_reduced(d, ctx.op, ctx.ranks) : std::string();
+    };
+    v.fill_neutral = [&neutral_dict, &d] { neutral_dict(d); };
+    v.corrupt = [&d] { fill_constant(d.canonical_leaves().back().second, 1000); };
+    vs.push_back(std::move(v));
+  }
+  {
     // No API runs only the layout agreement; a dict of the same keys with zero-size leaves goes
     // through analysis, agreement and the (cached) plan, and moves no data.
     Variant v;
@@ -239,6 +291,13 @@ WorkloadResult run_workload(const Workload& w, const Context& ctx, const Options
     vs.push_back(std::move(v));
   }
   const std::size_t nv = vs.size();
+  {
+    const td::detail::StoragePoolStats ps = td::detail::storage_pool_stats();
+    res.storage_bytes = ps.pooled_requested + ps.large_requested + ps.heap_requested;
+    const std::size_t in_use = ps.touched > ps.spare ? ps.touched - ps.spare : 0;
+    res.pool_extra_bytes = in_use > ps.pooled_requested ? in_use - ps.pooled_requested : 0;
+    res.pool_spare_bytes = ps.spare;
+  }
 
   // 1. Correctness: every variant once on known values; a wrong one stops the run.
   std::vector<std::string> wrong;

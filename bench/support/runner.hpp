@@ -79,7 +79,20 @@ class Progress {
 // ---- results ----------------------------------------------------------------------------------
 
 /// What a variant is, for the summary, the CSV and the plot.
-enum class Role { PerLeaf, Bucket, Auto, Consolidated, Tensor, Ideal, IdealChunks, CheckPlan };
+/// What a variant is. CopyFloor: a hand-written pack (memcpy of every leaf into one buffer per
+/// dtype), the ideal MPI calls on it, and the unpack: the floor of any bucketed path on leaves
+/// that are not back to back.
+enum class Role {
+  PerLeaf,
+  Bucket,
+  Auto,
+  Consolidated,
+  Tensor,
+  Ideal,
+  IdealChunks,
+  CopyFloor,
+  CheckPlan
+};
 
 /// One variant's figures (kept after the workload's buffers are freed).
 struct Row {
@@ -101,6 +114,12 @@ struct WorkloadResult {
   std::size_t bytes = 0;
   std::vector<Row> rows;
   double seconds = 0;  // wall time of the whole workload
+  // Memory once every variant's buffers exist (rank 0): bytes the live storages asked for, and
+  // what the storage pool's huge-page chunks hold beyond what its storages asked for.
+  // Its empty chunks kept for reuse (at most 32 MiB in all) are counted apart.
+  std::size_t storage_bytes = 0;
+  std::size_t pool_extra_bytes = 0;
+  std::size_t pool_spare_bytes = 0;
 
   const Row* find(Role r) const;
   /// The faster of the two raw-MPI variants' medians (0 if neither ran).
