@@ -61,16 +61,24 @@ test-cluster: deps build
 	  sh -c 'cd $(BUILD_DIR) && $(CTEST) --output-on-failure -L cluster --timeout 600'
 
 # bench_allreduce at 2 ranks on 2 hosts of the namespace cluster, re-tuning the auto bucket size
-# in a fresh cache directory: $(BUILD_DIR)/bench/allreduce-cluster.csv.
+# in a fresh cache directory: $(BUILD_DIR)/bench/allreduce-cluster.csv. Then bench_backward (the
+# Reducer, uncompressed and BF16) at 4 ranks on 2 hosts whose links are limited to
+# BENCH_CLUSTER_RATE by tc (an unlimited veth link is a memory copy, not a network).
 BENCH_CLUSTER_ARGS ?= --workloads tiny,small,large
+BENCH_CLUSTER_RATE ?= 1gbit
 bench-cluster: deps configure
-	$(CMAKE) --build $(BUILD_DIR) -j$(JOBS) --target bench_allreduce
+	$(CMAKE) --build $(BUILD_DIR) -j$(JOBS) --target bench_allreduce bench_backward
 	mkdir -p $(BUILD_DIR)/bench
 	rm -rf $(BUILD_DIR)/bench/cluster-cache
 	TD_CACHE_DIR=$(abspath $(BUILD_DIR))/bench/cluster-cache scripts/td-cluster with 2 -- \
 	  scripts/td-cluster run -- $(MPIRUN) -np 2 --host td-h1:1,td-h2:1 --mca pml ob1 --mca btl self,tcp \
 	  $(abspath $(BUILD_DIR))/bin/bench_allreduce $(BENCH_CLUSTER_ARGS) --no-plot \
 	  --csv $(abspath $(BUILD_DIR))/bench/allreduce-cluster.csv
+	TD_CACHE_DIR=$(abspath $(BUILD_DIR))/bench/cluster-cache scripts/td-cluster with 2 -- sh -c '\
+	  for h in h1 h2; do scripts/td-cluster exec $$h -- tc qdisc add dev eth0 root tbf \
+	    rate $(BENCH_CLUSTER_RATE) burst 1mb latency 200ms || exit 1; done; \
+	  scripts/td-cluster run -- $(MPIRUN) -np 4 --oversubscribe --host td-h1:2,td-h2:2 \
+	    --mca pml ob1 --mca btl self,tcp $(abspath $(BUILD_DIR))/bin/bench_backward --rounds 5'
 
 # Extra mpirun options for `make bench`. Empty by default: the figures a program launched with a
 # plain `mpirun -np 2 ./app` gets (the library's storage pool puts tensors on huge pages by

@@ -69,7 +69,21 @@ int run(int argc, char** argv) {
   app.add_option("--compute-ratio", compute_ratio,
                  "total compute of a backward pass / communication alone")
       ->check(CLI::PositiveNumber);
+  std::string reducer_bucket = "auto";
+  app.add_option("--reducer-bucket", reducer_bucket,
+                 "the Reducers' bucket_bytes: auto (td::kAutoBucketBytes) or a size (4MiB)");
   if (auto rc = td_bench::parse_or_exit(app, argc, argv)) return *rc;
+  std::size_t reducer_cap = td::kAutoBucketBytes;
+  if (reducer_bucket != "auto") {
+    const auto parsed = td_bench::parse_size(reducer_bucket);
+    if (!parsed) {
+      if (td::get_rank() == 0)
+        fmt::print(stderr, "bench_backward: --reducer-bucket {}: not a size\n", reducer_bucket);
+      td::destroy_process_group();
+      return 2;
+    }
+    reducer_cap = *parsed;
+  }
   const int rank = td::get_rank(), size = td::get_world_size();
   const auto w = td_bench::make_workload("transformer", td::DType::Float32);
   const std::vector<Layer> layers = backward_layers(w);
@@ -82,9 +96,10 @@ int run(int argc, char** argv) {
   for (td::TensorDict* d : {&plain, &bucketed, &compressed})
     td_bench::fill_known(*d, td::ReduceOp::AVG, rank);
   const td::CollectiveOptions auto_opts{.bucket_bytes = td::kAutoBucketBytes};
-  td::Reducer reducer(bucketed, {.op = td::ReduceOp::AVG});
-  td::Reducer reducer_bf16(compressed,
-                           {.op = td::ReduceOp::AVG, .compression = td::Compression::BF16});
+  td::Reducer reducer(bucketed, {.op = td::ReduceOp::AVG, .bucket_bytes = reducer_cap});
+  td::Reducer reducer_bf16(
+      compressed,
+      {.op = td::ReduceOp::AVG, .bucket_bytes = reducer_cap, .compression = td::Compression::BF16});
 
   // Correctness guard: one step of each path gives the same bits.
   plain.all_reduce(td::ReduceOp::AVG, auto_opts);
@@ -95,6 +110,33 @@ int run(int argc, char** argv) {
     td::destroy_process_group();
     return 1;
   }
+
+  // What BF16 costs in accuracy: the compressed Reducer's result against the exact one, on
+  // gradient-like values (every rank its own, magnitudes from 1e-3 to 10 across leaves).
+  td::TensorDict exact_grads = td_bench::build_dict(w, false);
+  for (td::TensorDict* d : {&exact_grads, &compressed}) {
+    std::size_t j = 0;
+    for (auto& [key, t] : d->canonical_leaves()) {
+      auto* p = t.data<float>();
+      const double scale = std::pow(10.0, static_cast<double>(j % 5) - 3.0);
+      for (std::int64_t i = 0; i < t.numel(); ++i)
+        p[i] = static_cast<float>(scale * std::sin(0.37 * static_cast<double>(i) + rank + j));
+      ++j;
+    }
+  }
+  exact_grads.all_reduce(td::ReduceOp::AVG, auto_opts);
+  for (const auto& l : layers) reducer_bf16.mark_ready(l.key);
+  reducer_bf16.finish();
+  double bf16_err = 0, largest = 0;
+  for (const auto& [key, exact] : exact_grads.canonical_leaves()) {
+    const std::vector<float> want = exact.to_vector<float>();
+    const std::vector<float> got = compressed.get(key).to_vector<float>();
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      bf16_err = std::max(bf16_err, std::abs(static_cast<double>(got[i]) - want[i]));
+      largest = std::max(largest, std::abs(static_cast<double>(want[i])));
+    }
+  }
+  const double bf16_rel = largest > 0 ? bf16_err / largest : 0;
 
   std::size_t total_bytes = 0;
   for (const auto& [dt, b] : td_bench::bytes_per_dtype(w)) total_bytes += b;
@@ -176,8 +218,9 @@ int run(int argc, char** argv) {
                m.online_cpus, m.cpu, m.mpi_version, m.memory);
     fmt::print(
         "# ranks: {}; rounds: {}; compute = {:.2f} x communication = {:.2f} ms in {} "
-        "layers; Reducer: {} buckets (auto cap); medians of the max over ranks\n",
-        size, rounds, compute_ratio, compute_total * 1e3, layers.size(), reducer.num_buckets());
+        "layers; Reducer: {} buckets (bucket_bytes {}); medians of the max over ranks\n",
+        size, rounds, compute_ratio, compute_total * 1e3, layers.size(), reducer.num_buckets(),
+        reducer_bucket);
     fmt::print("{:<44} {:>10}\n", "variant", "median ms");
     for (std::size_t i = 0; i < series.size(); ++i)
       fmt::print("{:<44} {:>10.2f}\n", series[i].name, med(i));
@@ -201,6 +244,10 @@ int run(int argc, char** argv) {
         "uncompressed = {:.2f}x; extra memory beyond the buckets: 0 B (BF16: its 16-bit "
         "copy, {})\n",
         med(1) / raw, med(2) / med(1), td_bench::human_bytes(static_cast<double>(total_bytes) / 2));
+    fmt::print(
+        "# BF16 buckets alone: {}; largest error of a BF16 step against the exact one = {:.2e} "
+        "of the largest gradient\n",
+        td_bench::speed_phrase(med(2), med(1), "uncompressed"), bf16_rel);
   }
   if (rank == 0)
     fmt::print(

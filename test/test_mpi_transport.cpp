@@ -79,6 +79,17 @@ bool same(const TensorDict& a, const TensorDict& b) {
   return true;
 }
 
+// The MPI tag send_dict / recv_dict use for CollectiveOptions::tag `user_tag` (docs/transport.md:
+// the top tags above TensorDict::send/recv's blocks), for tests that speak the wire protocol.
+int wire_tag(MPI_Comm comm, int user_tag) {
+  int* ub = nullptr;
+  int flag = 0;
+  MPI_Comm_get_attr(comm, MPI_TAG_UB, static_cast<void*>(&ub), &flag);
+  const long long tag_ub = flag && ub ? *ub : 32767;
+  const long long base = tag_ub / 1024 * 1024;
+  return static_cast<int>(base + user_tag % (tag_ub - base + 1));
+}
+
 }  // namespace
 
 TEST_CASE("broadcast_dict delivers the source's dict to ranks that hold nothing", "[transport]") {
@@ -343,11 +354,7 @@ TEST_CASE("recv_dict rejects a hostile sender's metadata", "[transport][errors]"
   const int rank = td::get_rank(), size = td::get_world_size();
   if (size < 2 || rank > 1) return;
   const MPI_Comm comm = td::world().comm();
-  int* ub = nullptr;
-  int flag = 0;
-  MPI_Comm_get_attr(comm, MPI_TAG_UB, static_cast<void*>(&ub), &flag);
-  const long long tag_ub = flag && ub ? *ub : 32767;
-  const int tag = static_cast<int>(tag_ub / 1024 * 1024 + 41 % (tag_ub - tag_ub / 1024 * 1024 + 1));
+  const int tag = wire_tag(comm, 41);
   const td::CollectiveOptions opts{.tag = 41};
   // Valid magic and version, then a root claiming 1000 entries in 4 bytes.
   const std::vector<unsigned char> meta = {'T', 'D', 'W', 1, 0, 0xe8, 0x03, 0, 0, 1, 0, 'k', 1};
@@ -385,13 +392,8 @@ TEST_CASE("recv_dict whose sender stops after the handshake times out", "[transp
   const int rank = td::get_rank(), size = td::get_world_size();
   if (size < 2 || rank > 1) return;
   const MPI_Comm comm = td::world().comm();
-  int* ub = nullptr;
-  int flag = 0;
-  MPI_Comm_get_attr(comm, MPI_TAG_UB, static_cast<void*>(&ub), &flag);
-  const long long tag_ub = flag && ub ? *ub : 32767;
   const int user_tag = 57;  // used by no other test: nothing later matches the abandoned receives
-  const int tag =
-      static_cast<int>(tag_ub / 1024 * 1024 + user_tag % (tag_ub - tag_ub / 1024 * 1024 + 1));
+  const int tag = wire_tag(comm, user_tag);
   const td::CollectiveOptions opts{.timeout = std::chrono::milliseconds(300), .tag = user_tag};
   TensorDict d;
   d.set("x", filled(DType::Float32, {1000}, 1));
@@ -402,8 +404,7 @@ TEST_CASE("recv_dict whose sender stops after the handshake times out", "[transp
              MPI_STATUS_IGNORE);
     REQUIRE(header[0] == 0);  // ok: the metadata follows
     std::vector<char> meta(header[3]);
-    MPI_Recv(meta.data(), static_cast<int>(meta.size()), MPI_BYTE, 1, tag, comm,
-             MPI_STATUS_IGNORE);
+    MPI_Recv(meta.data(), static_cast<int>(meta.size()), MPI_BYTE, 1, tag, comm, MPI_STATUS_IGNORE);
     std::vector<char> no(512, 0);
     no[0] = 2;  // failed
     std::snprintf(no.data() + 1, 500, "%s", "not now");

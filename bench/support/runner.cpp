@@ -132,17 +132,21 @@ WorkloadResult run_workload(const Workload& w, const Context& ctx, const Options
   };
 
   std::vector<Variant> vs;
-  auto dict_variant = [&](Variant v, std::optional<std::size_t> cap, bool consolidate) {
-    td::TensorDict& d = dicts.emplace_back(base.clone());
-    if (consolidate) d.consolidate();  // one storage per dtype: buckets are slices, no packing
-    v.packer = true;
-    v.run = [&ctx, &d, cap] { ctx.run_dict(d, cap); };
+  // A variant whose result is dict `d`: filled, checked and corrupted (--inject-fault) there.
+  auto checks_on = [&](Variant& v, td::TensorDict& d) {
     v.fill_known = [&ctx, &d] { fill_known(d, ctx.op, ctx.rank); };
     v.check = [&ctx, &d] {
       return ctx.receives() ? check_reduced(d, ctx.op, ctx.ranks) : std::string();
     };
     v.fill_neutral = [&neutral_dict, &d] { neutral_dict(d); };
     v.corrupt = [&d] { fill_constant(d.canonical_leaves().back().second, 1000); };
+  };
+  auto dict_variant = [&](Variant v, std::optional<std::size_t> cap, bool consolidate) {
+    td::TensorDict& d = dicts.emplace_back(base.clone());
+    if (consolidate) d.consolidate();  // one storage per dtype: buckets are slices, no packing
+    v.packer = true;
+    v.run = [&ctx, &d, cap] { ctx.run_dict(d, cap); };
+    checks_on(v, d);
     vs.push_back(std::move(v));
   };
   for (const auto& b : buckets) {
@@ -266,12 +270,7 @@ WorkloadResult run_workload(const Workload& w, const Context& ctx, const Options
       if (ctx.receives())
         for (const Place& p : *places) std::memcpy(p.leaf, p.flat, p.nbytes);
     };
-    v.fill_known = [&ctx, &d] { fill_known(d, ctx.op, ctx.rank); };
-    v.check = [&ctx, &d] {
-      return ctx.receives() ? check_reduced(d, ctx.op, ctx.ranks) : std::string();
-    };
-    v.fill_neutral = [&neutral_dict, &d] { neutral_dict(d); };
-    v.corrupt = [&d] { fill_constant(d.canonical_leaves().back().second, 1000); };
+    checks_on(v, d);
     vs.push_back(std::move(v));
   }
   {
