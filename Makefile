@@ -134,8 +134,10 @@ format:
 format-check:
 	$(if $(CXX_FILES),$(CLANG_FORMAT) --dry-run -Werror $(CXX_FILES),@echo "format-check: no C++ files")
 
+# One clang-tidy per file, $(JOBS) at a time (xargs fails if any of them finds something).
 lint: configure
-	$(CLANG_TIDY) -p $(BUILD_DIR) --quiet --warnings-as-errors='*' --extra-arg=-Wno-unknown-warning-option $(wildcard src/*/*.cpp)
+	printf '%s\n' $(wildcard src/*/*.cpp) | xargs -P $(JOBS) -n 1 $(CLANG_TIDY) -p $(BUILD_DIR) \
+	  --quiet --warnings-as-errors='*' --extra-arg=-Wno-unknown-warning-option
 
 clean:
 	rm -rf $(BUILD_DIR)
