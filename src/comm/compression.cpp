@@ -47,6 +47,11 @@ void dispatch(DType dtype, DType wire, F&& f) {
 
 bool compressible(DType dtype) { return dtype == DType::Float32 || dtype == DType::Float64; }
 
+DType wire_dtype(Compression c) {
+  if (c == Compression::None) throw std::logic_error("compression: None has no wire dtype");
+  return c == Compression::FP16 ? DType::Float16 : DType::BFloat16;
+}
+
 void compress(const std::byte* src, DType dtype, std::int64_t count, double scale, DType wire,
               std::byte* dst) {
   dispatch(dtype, wire, [&](auto t, auto h) {

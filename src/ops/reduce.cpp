@@ -128,8 +128,7 @@ std::vector<Work> run_collective(std::span<const LeafRef> leaves, const Collecti
   // reused pack buffer (or the consolidated spans).
   if (opts.async_op || opts.compression != Compression::None) {
     std::optional<DType> wire;
-    if (opts.compression != Compression::None)
-      wire = opts.compression == Compression::FP16 ? DType::Float16 : DType::BFloat16;
+    if (opts.compression != Compression::None) wire = wire_dtype(opts.compression);
     return run_buckets(*plan, leaves, call, g, deadline, opts.async_op, wire);
   }
   const BlockingPhase watched(deadline, describe);

@@ -371,10 +371,8 @@ Reducer::Reducer(TensorDict& grads, ReducerOptions opts) : impl_(std::make_uniqu
       off += old.numel();
       grads.set(m.leaves[i].key, view);
     }
-    if (opts.compression != Compression::None &&
-        (bk.dtype == DType::Float32 || bk.dtype == DType::Float64))
-      bk.wire = Tensor::empty(
-          {off}, opts.compression == Compression::FP16 ? DType::Float16 : DType::BFloat16);
+    if (opts.compression != Compression::None && detail::compressible(bk.dtype))
+      bk.wire = Tensor::empty({off}, detail::wire_dtype(opts.compression));
     bk.pending = bk.leaves.size();
     bk.describe = fmt::format(
         "Reducer bucket {} of {} ({}, {} B{}, {} leaves, first key '{}') in "
