@@ -154,25 +154,10 @@ TEST_CASE("sparse COO: densify and coalesce", "[tensor][sparse]") {
 
 #if defined(__linux__)
 #include <fstream>
-#include <sstream>
 
-// The VmFlags of the mapping holding `p` in /proc/self/smaps ("" if not found).
-static std::string vm_flags_of(const void* p) {
-  std::ifstream smaps("/proc/self/smaps");
-  const auto addr = reinterpret_cast<std::uintptr_t>(p);
-  bool inside = false;
-  for (std::string line; std::getline(smaps, line);) {
-    std::uintptr_t lo = 0, hi = 0;
-    char dash = 0;
-    std::istringstream head(line);
-    if (head >> std::hex >> lo >> dash >> hi && dash == '-') {
-      inside = lo <= addr && addr < hi;
-    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
-      return line;
-    }
-  }
-  return "";
-}
+#include "support/smaps.hpp"
+
+using tdtest::vm_flags_of;
 
 // Storages of 2 MiB or more start on a 2 MiB boundary and are advised for transparent huge pages
 // (shared-memory MPI pins every page per call: 2x faster with huge pages here).

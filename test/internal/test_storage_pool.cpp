@@ -15,11 +15,11 @@
 #include <mutex>
 #include <new>
 #include <random>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "../support/smaps.hpp"
 #include "core/storage_pool.hpp"
 #include "core/tensor_internal.hpp"
 
@@ -62,22 +62,7 @@ bool intact(const Live& l) {
   return l.n == 0 || static_cast<std::uint8_t>(l.b.data[l.n - 1]) == l.tag;
 }
 
-// The VmFlags line of the mapping that holds p (/proc/self/smaps), or "" if none.
-std::string vm_flags_of(const void* p) {
-  std::ifstream smaps("/proc/self/smaps");
-  bool inside = false;
-  for (std::string line; std::getline(smaps, line);) {
-    std::uintptr_t lo = 0, hi = 0;
-    char dash = 0;
-    std::istringstream head(line);
-    if (head >> std::hex >> lo >> dash >> hi && dash == '-') {
-      inside = lo <= addr(p) && addr(p) < hi;
-    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
-      return line;
-    }
-  }
-  return "";
-}
+using tdtest::vm_flags_of;
 
 }  // namespace
 
