@@ -61,20 +61,28 @@ if("thread" IN_LIST TD_SANITIZE)
 endif()
 list(PREPEND _TD_MPI_TEST_ENV ${_TD_TEST_ENV})
 
+# Catch2's implementation is compiled once (test/catch_impl.cpp), at -O1: under the sanitizers,
+# optimising its 17,000 lines took minutes per copy, and its speed does not matter to a test.
 # The test main is compiled twice: with TD_TEST_MPI (initialises the process group, agrees on
-# the exit code) for MPI tests and without it for serial tests.
+# the exit code) for MPI tests and without it for serial tests (which need no MPI and no
+# library: the white-box tests link the library's objects instead).
+if(NOT TARGET td_catch_impl)
+  add_library(td_catch_impl OBJECT "${PROJECT_SOURCE_DIR}/test/catch_impl.cpp")
+  target_link_libraries(td_catch_impl PUBLIC Catch2::Catch2)
+  target_compile_options(td_catch_impl PRIVATE -O1)
+endif()
 foreach(_td_kind IN ITEMS serial mpi)
   if(NOT TARGET td_test_main_${_td_kind})
     add_library(td_test_main_${_td_kind} OBJECT "${_TD_TEST_MAIN}")
-    target_link_libraries(td_test_main_${_td_kind} PUBLIC TensorDict::tensordict Catch2::Catch2
-                                                          td_warnings)
+    target_link_libraries(td_test_main_${_td_kind} PUBLIC Catch2::Catch2 td_warnings)
   endif()
 endforeach()
 target_compile_definitions(td_test_main_mpi PRIVATE TD_TEST_MPI)
+target_link_libraries(td_test_main_mpi PUBLIC TensorDict::tensordict)
 
 function(_td_add_test_executable name kind)
   add_executable(${name} ${ARGN})
-  target_link_libraries(${name} PRIVATE td_test_main_${kind} TensorDict::tensordict
+  target_link_libraries(${name} PRIVATE td_test_main_${kind} td_catch_impl TensorDict::tensordict
                                         Catch2::Catch2 td_warnings)
   if(kind STREQUAL "mpi")
     target_compile_definitions(${name} PRIVATE TD_TEST_MPI)

@@ -3,8 +3,7 @@
 // rank 0 reports; another rank's report is printed (to stderr, prefixed with its rank) only when
 // that rank saw a failure, so a 4-rank run reads like a 1-rank run unless something differs
 // between ranks. All ranks exit with the worst rank's code, so mpiexec's status is the truth.
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
+// Catch2's implementation and session are test/catch_impl.cpp (compiled once).
 
 #include <iostream>
 #include <sstream>
@@ -15,6 +14,8 @@
 
 #include <tensordict/tensordict.hpp>
 #endif
+
+int td_test_run_session(int argc, char* argv[], bool colour);  // test/catch_impl.cpp
 
 namespace {
 
@@ -45,19 +46,13 @@ int main(int argc, char* argv[]) {
   std::ostringstream captured;
   std::streambuf* const cout_buffer = rank != 0 ? std::cout.rdbuf(captured.rdbuf()) : nullptr;
 
-  int result = 0;
-  {
-    Catch::Session session;
+  // mpiexec gives each rank a pseudo-terminal, so Catch2 would colour output that ends up in a
+  // CTest log; --use-colour on the command line still wins.
 #ifdef TD_TEST_MPI
-    // mpiexec gives each rank a pseudo-terminal, so Catch2 would colour output that ends up in a
-    // CTest log; --use-colour on the command line still wins.
-    session.configData().useColour = Catch::UseColour::No;
+  const int result = td_test_run_session(argc, argv, /*colour=*/false);
+#else
+  const int result = td_test_run_session(argc, argv, /*colour=*/true);
 #endif
-    result = session.applyCommandLine(argc, argv);
-    if (result == 0) {
-      result = session.run();
-    }
-  }
 
   if (cout_buffer != nullptr) {
     std::cout.rdbuf(cout_buffer);

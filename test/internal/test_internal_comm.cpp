@@ -2,7 +2,6 @@
 // merging on the flat arrays, strided leaves by their own strides), the per-dict layout cache
 // (every way a leaf changes is noticed), and the one layout difference routine. Linked with the
 // library's objects (CMakeLists.txt, test/internal), without MPI_Init: nothing here calls MPI.
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
 #include <cstring>

@@ -2,7 +2,6 @@
 // alignment, reuse, no overlap of live blocks, memory given back, several threads at once, the
 // paths without huge pages, and the edge sizes. Each test builds its own StoragePool, so the
 // figures are its own; the process-wide pool is checked through Tensor. No MPI.
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
 #include <algorithm>
