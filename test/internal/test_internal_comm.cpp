@@ -4,7 +4,12 @@
 // library's objects (CMakeLists.txt, test/internal), without MPI_Init: nothing here calls MPI.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+#include <complex>
+#include <cstdint>
 #include <cstring>
+#include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "comm/engine_internal.hpp"
@@ -209,4 +214,51 @@ TEST_CASE("describe_leaves and layout_hash tell a flat dotted name from a nested
   REQUIRE(plain.size() == 1);
   CHECK(plain[0].contiguous);
   CHECK(plain[0].shape == td::Shape{2});
+}
+
+// AVG's division runs vectorised, and by multiplication for a power-of-two group: the results
+// must still be the bits of dividing each element on its own (what the test oracle and a
+// hand-written loop give), subnormals, infinities and the largest values included.
+template <class T>
+std::vector<T> avg_inputs() {
+  std::vector<T> v;
+  std::uint64_t s = 0x9e3779b97f4a7c15ULL;
+  for (int i = 0; i < 4099; ++i) {  // not a multiple of any packet size
+    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+    const auto bits = static_cast<std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>(
+        sizeof(T) == 4 ? (s >> 32) : s);
+    T x;
+    std::memcpy(&x, &bits, sizeof x);
+    if (std::isnan(x)) x = T(1.5);
+    v.push_back(x);
+  }
+  for (T x : {std::numeric_limits<T>::denorm_min(), std::numeric_limits<T>::min(),
+              std::numeric_limits<T>::max(), -std::numeric_limits<T>::max(),
+              std::numeric_limits<T>::infinity(), T(0), -T(0), T(3), T(1) / T(3)})
+    v.push_back(x);
+  return v;
+}
+
+TEMPLATE_TEST_CASE("divide_in_place gives the bits of an element-wise division", "[avg]", float,
+                   double) {
+  using T = TestType;
+  const td::DType dt = std::is_same_v<T, float> ? td::DType::Float32 : td::DType::Float64;
+  for (int divisor = 1; divisor <= 9; ++divisor) {
+    CAPTURE(divisor);
+    std::vector<T> got = avg_inputs<T>();
+    std::vector<T> want = got;
+    volatile T d = static_cast<T>(divisor);  // a division the compiler cannot rewrite
+    for (T& x : want) x = x / d;
+    td::detail::divide_in_place(got.data(), static_cast<std::int64_t>(got.size()), dt, divisor);
+    CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(T)) == 0);
+  }
+  // Complex values: real and imaginary parts each divided.
+  std::vector<std::complex<T>> c = {{T(1), T(-3)}, {std::numeric_limits<T>::denorm_min(), T(7)}};
+  td::detail::divide_in_place(
+      c.data(), 2, std::is_same_v<T, float> ? td::DType::Complex64 : td::DType::Complex128, 3);
+  volatile T three = 3;
+  CHECK(c[0].real() == T(1) / three);
+  CHECK(c[0].imag() == T(-3) / three);
+  CHECK(c[1].real() == std::numeric_limits<T>::denorm_min() / three);
+  CHECK(c[1].imag() == T(7) / three);
 }
