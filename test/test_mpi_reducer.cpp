@@ -126,6 +126,39 @@ TEST_CASE("reducer: bit-identical to all_reduce, any ready order per rank, sever
   }
 }
 
+// The progress thread posts the buckets whenever it gets to them, on the Reducer's own
+// communicator: the caller's collectives on the same group in between, sync and async, must not
+// be matched against a bucket's on another rank.
+TEST_CASE("reducer: the group's other collectives between mark_ready calls", "[reducer]") {
+  const int rank = td::get_rank();
+  const int size = td::get_world_size();
+  TensorDict grads = make_grads(rank);
+  Reducer reducer(grads, {.op = ReduceOp::SUM, .bucket_bytes = 64});
+  REQUIRE(reducer.num_buckets() > 4);
+  for (int step = 0; step < 3; ++step) {
+    fill(grads, rank, step);
+    TensorDict expected = grads.clone();
+    expected.all_reduce(ReduceOp::SUM);
+    int calls = 0;
+    for (const Key& k : shuffled_keys(rank * 17 + step)) {
+      reducer.mark_ready(k);
+      TensorDict other;
+      other.set("x", Tensor::full({1000}, static_cast<double>(rank + calls)));
+      if (calls % 2 == 0) {
+        other.all_reduce(ReduceOp::SUM);
+      } else {
+        auto works = other.all_reduce(ReduceOp::SUM, {.async_op = true});
+        td::wait_all(works);
+      }
+      const double want = size * (size - 1) / 2.0 + static_cast<double>(size * calls);
+      CHECK(other.get("x").to_vector<double>() == std::vector<double>(1000, want));
+      ++calls;
+    }
+    reducer.finish();
+    CHECK(bit_equal(grads, expected));
+  }
+}
+
 TEST_CASE("reducer: random float values at 2 ranks are bit-identical too", "[reducer]") {
   if (td::get_world_size() > 2) return;  // a + b = b + a; three values depend on MPI's order
   const int rank = td::get_rank();

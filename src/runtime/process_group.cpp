@@ -144,6 +144,10 @@ void init_impl(int* argc, char*** argv, const InitOptions& options) {
 }
 }  // namespace
 
+std::shared_ptr<GroupState> duplicate_group(const GroupState& g, std::string_view what) {
+  return make_group(g.checked_comm(what), MPI_GROUP_NULL, g.world_ranks);
+}
+
 std::shared_ptr<GroupState> group_of(const CollectiveOptions& opts) {
   if (opts.group) return opts.group->state();
   if (!runtime().initialized)

@@ -63,6 +63,9 @@ struct GroupState {
 
 /// The group of a call's options (world() by default).
 std::shared_ptr<GroupState> group_of(const CollectiveOptions& opts);
+/// A new group of the same ranks over its own duplicate of g's communicator (collective over
+/// g: every member calls it), released by destroy_process_group like every group.
+std::shared_ptr<GroupState> duplicate_group(const GroupState& g, std::string_view what);
 /// The timeout of a call's options (the default of init_process_group otherwise).
 std::chrono::milliseconds timeout_of(const CollectiveOptions& opts);
 /// now + timeout, saturating: a timeout too large to add (milliseconds::max() is the natural way
