@@ -2,18 +2,21 @@
 //
 // The layers run in reverse order (h5 ... h0, then the embedding); each "computes" for a time
 // proportional to its parameter count, then its gradients are ready. The total compute is
-// --compute-ratio times the communication alone (a bucketed all_reduce of every gradient,
-// measured first). Two kinds of compute: idle waiting (an accelerator or I/O: a sleep) and a CPU
-// spin. Variants, side by side, each round in the same order on every rank:
+// --compute-ratio times the Reducer's communication alone (measured first). Two kinds of compute:
+// idle waiting (an accelerator or I/O: a sleep) and a CPU spin. Variants, side by side, each round
+// in the same order on every rank:
 //   compute alone; communication alone (all_reduce auto, the Reducer's buckets, a pre-packed
-//   MPI_Allreduce of the same bytes); backward then all_reduce (auto); backward with the Reducer
-//   (and with the Reducer and BF16 compression).
+//   MPI_Allreduce of the same bytes, for AVG followed by the division); backward then all_reduce
+//   (auto); backward with the Reducer (and with the Reducer and BF16 compression).
+// Besides the ratios, it prints the best step any reducer could reach with this backward pass
+// (overlap_bound): the last layer's communication cannot start before all compute has ended.
 // Timing: a barrier, one step timed with MPI_Wtime on every rank, the MAX over ranks; medians
-// over rounds.
+// over rounds. --op avg (default, as DDP) or sum.
 #include <chrono>
 #include <functional>
 
 #include <CLI/CLI.hpp>
+#include <Eigen/Core>
 
 #include "support/guard.hpp"
 #include "support/options.hpp"
@@ -47,6 +50,19 @@ std::vector<Layer> backward_layers(const td_bench::Workload& w) {
   return out;
 }
 
+// The shortest step any gradient reducer can reach with this backward pass: each layer's
+// communication (its share of `comm`, one link) starts once its compute has ended and the previous
+// layer's communication is done; the last layer's (the embedding, 31% of the bytes) can hide
+// behind nothing. With compute = communication it is 1.31x max(compute, communication).
+double overlap_bound(const std::vector<Layer>& layers, double compute, double comm) {
+  double t = 0, link = 0;
+  for (const auto& l : layers) {
+    t += compute * l.share;
+    link = std::max(link, t) + comm * l.share;
+  }
+  return std::max(t, link);
+}
+
 double g_sink = 0;
 
 // Keeps this rank's core busy until `seconds` have passed.
@@ -72,7 +88,18 @@ int run(int argc, char** argv) {
   std::string reducer_bucket = "auto";
   app.add_option("--reducer-bucket", reducer_bucket,
                  "the Reducers' bucket_bytes: auto (td::kAutoBucketBytes) or a size (4MiB)");
+  std::string op_name = "avg";
+  app.add_option("--op", op_name,
+                 "the reduction: avg (as DDP; the pre-packed MPI_Allreduce then also divides) or "
+                 "sum");
   if (auto rc = td_bench::parse_or_exit(app, argc, argv)) return *rc;
+  const auto parsed_op = td_bench::parse_op(op_name);
+  if (!parsed_op || (*parsed_op != td::ReduceOp::AVG && *parsed_op != td::ReduceOp::SUM)) {
+    if (td::get_rank() == 0) fmt::print(stderr, "bench_backward: --op {}: avg or sum\n", op_name);
+    td::destroy_process_group();
+    return 2;
+  }
+  const td::ReduceOp op = *parsed_op;
   std::size_t reducer_cap = td::kAutoBucketBytes;
   if (reducer_bucket != "auto") {
     const auto parsed = td_bench::parse_size(reducer_bucket);
@@ -93,16 +120,14 @@ int run(int argc, char** argv) {
   td::TensorDict plain = td_bench::build_dict(w, false);
   td::TensorDict bucketed = td_bench::build_dict(w, false);
   td::TensorDict compressed = td_bench::build_dict(w, false);
-  for (td::TensorDict* d : {&plain, &bucketed, &compressed})
-    td_bench::fill_known(*d, td::ReduceOp::AVG, rank);
+  for (td::TensorDict* d : {&plain, &bucketed, &compressed}) td_bench::fill_known(*d, op, rank);
   const td::CollectiveOptions auto_opts{.bucket_bytes = td::kAutoBucketBytes};
-  td::Reducer reducer(bucketed, {.op = td::ReduceOp::AVG, .bucket_bytes = reducer_cap});
+  td::Reducer reducer(bucketed, {.op = op, .bucket_bytes = reducer_cap});
   td::Reducer reducer_bf16(
-      compressed,
-      {.op = td::ReduceOp::AVG, .bucket_bytes = reducer_cap, .compression = td::Compression::BF16});
+      compressed, {.op = op, .bucket_bytes = reducer_cap, .compression = td::Compression::BF16});
 
   // Correctness guard: one step of each path gives the same bits.
-  plain.all_reduce(td::ReduceOp::AVG, auto_opts);
+  plain.all_reduce(op, auto_opts);
   for (const auto& l : layers) reducer.mark_ready(l.key);
   reducer.finish();
   if (!td_bench::all_ranks(plain.equal(bucketed))) {
@@ -124,7 +149,7 @@ int run(int argc, char** argv) {
       ++j;
     }
   }
-  exact_grads.all_reduce(td::ReduceOp::AVG, auto_opts);
+  exact_grads.all_reduce(op, auto_opts);
   for (const auto& l : layers) reducer_bf16.mark_ready(l.key);
   reducer_bf16.finish();
   double bf16_err = 0, largest = 0;
@@ -143,14 +168,25 @@ int run(int argc, char** argv) {
   td::Tensor flat =
       td::Tensor::zeros({static_cast<std::int64_t>(total_bytes / 4)}, td::DType::Float32);
 
-  auto comm_allreduce = [&] { plain.all_reduce(td::ReduceOp::AVG, auto_opts); };
+  auto comm_allreduce = [&] { plain.all_reduce(op, auto_opts); };
   auto comm_reducer = [&](td::Reducer& r) {
     for (const auto& l : layers) r.mark_ready(l.key);
     r.finish();
   };
+  // What a hand-written step does: one MPI_Allreduce of every gradient packed in advance, then
+  // (AVG) one vectorised pass dividing by the group size (by multiplying with the exact
+  // reciprocal of a power of two, as the library does).
   auto comm_raw = [&] {
     MPI_Allreduce(MPI_IN_PLACE, flat.data<float>(), static_cast<int>(flat.numel()), MPI_FLOAT,
                   MPI_SUM, MPI_COMM_WORLD);
+    if (op == td::ReduceOp::AVG) {
+      Eigen::Map<Eigen::ArrayXf> values(flat.data<float>(), flat.numel());
+      if ((size & (size - 1)) == 0) {
+        values *= 1.0F / static_cast<float>(size);
+      } else {
+        values /= static_cast<float>(size);
+      }
+    }
   };
 
   // The compute of a backward pass: as long as the Reducer's communication alone (median of 7),
@@ -169,7 +205,7 @@ int run(int argc, char** argv) {
   };
   auto then_allreduce = [&](const Work& work) {
     compute_alone(work);
-    plain.all_reduce(td::ReduceOp::AVG, auto_opts);
+    plain.all_reduce(op, auto_opts);
   };
   std::vector<double> mark_us;  // every mark_ready of the uncompressed Reducer, in microseconds
   auto with_reducer = [&](const Work& work, td::Reducer& r) {
@@ -192,7 +228,10 @@ int run(int argc, char** argv) {
       {"communication: all_reduce(auto)", comm_allreduce, {}},
       {"communication: Reducer buckets", [&] { comm_reducer(reducer); }, {}},
       {"communication: Reducer buckets, BF16", [&] { comm_reducer(reducer_bf16); }, {}},
-      {"communication: pre-packed MPI_Allreduce", comm_raw, {}},
+      {op == td::ReduceOp::AVG ? "communication: pre-packed MPI_Allreduce + divide"
+                               : "communication: pre-packed MPI_Allreduce",
+       comm_raw,
+       {}},
       {"idle compute alone", [&] { compute_alone(idle); }, {}},
       {"idle: backward then all_reduce(auto)", [&] { then_allreduce(idle); }, {}},
       {"idle: backward with Reducer", [&] { with_reducer(idle, reducer); }, {}},
@@ -212,8 +251,9 @@ int run(int argc, char** argv) {
   if (rank == 0) {
     const auto m = td_bench::machine_info();
     auto med = [&](std::size_t i) { return td_bench::median_of(series[i].t) * 1e3; };
-    fmt::print("# bench_backward: simulated backward over {} ({} leaves, {}), AVG\n", w.name,
-               w.leaves.size(), td_bench::human_bytes(static_cast<double>(total_bytes)));
+    fmt::print("# bench_backward: simulated backward over {} ({} leaves, {}), {}\n", w.name,
+               w.leaves.size(), td_bench::human_bytes(static_cast<double>(total_bytes)),
+               td::name(op));
     fmt::print("# machine: {}, {} CPUs online, {}\n# MPI: {}\n# memory: {}\n", m.host,
                m.online_cpus, m.cpu, m.mpi_version, m.memory);
     fmt::print(
@@ -228,10 +268,16 @@ int run(int argc, char** argv) {
     auto summary = [&](const char* kind, std::size_t alone, std::size_t after, std::size_t red) {
       const double bound = std::max(med(alone), comm);
       const double hidden = (med(alone) + comm - med(red)) / comm * 100.0;
+      const double best = overlap_bound(layers, med(alone), comm);
       fmt::print(
           "# {}: Reducer step / max(compute, communication) = {:.2f}x; hidden {:.0f}% of "
           "the communication; backward-then-all_reduce / Reducer = {:.2f}x\n",
           kind, med(red) / bound, std::clamp(hidden, 0.0, 100.0), med(after) / med(red));
+      fmt::print(
+          "# {}: best overlap possible (each layer's communication after its compute, the "
+          "last layer's after all compute) = {:.2f} ms = {:.2f}x max(compute, communication), "
+          "{:.0f}% hidden; Reducer step / best possible = {:.2f}x\n",
+          kind, best, best / bound, (med(alone) + comm - best) / comm * 100.0, med(red) / best);
     };
     summary("idle", 4, 5, 6);
     fmt::print(

@@ -1,6 +1,6 @@
 # Tests of what the benchmarks print and plot, and of what `make bench` builds. Included from the
-# benchmarks section of the top-level CMakeLists.txt when tests are built too (needs the td_bench
-# and bench_allreduce targets).
+# benchmarks section of the top-level CMakeLists.txt when tests are built too (needs the td_bench,
+# bench_allreduce and bench_backward targets).
 
 # Wording and axis ticks, without MPI.
 td_add_serial_test(NAME test_serial_bench_text
@@ -21,3 +21,10 @@ set_tests_properties(bench.output PROPERTIES
 add_test(NAME make.bench_targets
   COMMAND bash "${CMAKE_CURRENT_LIST_DIR}/check_make_bench.sh" "${PROJECT_SOURCE_DIR}")
 set_tests_properties(make.bench_targets PROPERTIES LABELS "bench;serial" TIMEOUT 60)
+
+# A one-round bench_backward at 2 ranks (its guard compares the Reducer with all_reduce).
+add_test(NAME bench.backward
+  COMMAND bash "${CMAKE_CURRENT_LIST_DIR}/check_bench_backward.sh" ${MPIEXEC_EXECUTABLE}
+          $<TARGET_FILE:bench_backward> ${TD_MPIEXEC_FLAGS})
+set_tests_properties(bench.backward PROPERTIES LABELS "bench;mpi" TIMEOUT 120
+  ENVIRONMENT "${_TD_MPI_TEST_ENV};TD_AUTOTUNE_CACHE=0")
