@@ -261,9 +261,9 @@ int run(int argc, char** argv) {
         "layers; Reducer: {} buckets (bucket_bytes {}); medians of the max over ranks\n",
         size, rounds, compute_ratio, compute_total * 1e3, layers.size(), reducer.num_buckets(),
         reducer_bucket);
-    fmt::print("{:<44} {:>10}\n", "variant", "median ms");
+    fmt::print("{:<50} {:>10}\n", "variant", "median ms");
     for (std::size_t i = 0; i < series.size(); ++i)
-      fmt::print("{:<44} {:>10.2f}\n", series[i].name, med(i));
+      fmt::print("{:<50} {:>10.2f}\n", series[i].name, med(i));
     const double comm = med(1), raw = med(3);
     auto summary = [&](const char* kind, std::size_t alone, std::size_t after, std::size_t red) {
       const double bound = std::max(med(alone), comm);
@@ -286,10 +286,11 @@ int run(int argc, char** argv) {
         med(7) / std::max(med(4), comm), med(5) / med(7));
     summary("spin", 8, 9, 10);
     fmt::print(
-        "# Reducer buckets alone / pre-packed MPI_Allreduce = {:.2f}x; BF16 buckets alone / "
+        "# Reducer buckets alone / pre-packed MPI_Allreduce{} = {:.2f}x; BF16 buckets alone / "
         "uncompressed = {:.2f}x; extra memory beyond the buckets: 0 B (BF16: its 16-bit "
         "copy, {})\n",
-        med(1) / raw, med(2) / med(1), td_bench::human_bytes(static_cast<double>(total_bytes) / 2));
+        op == td::ReduceOp::AVG ? " + divide" : "", med(1) / raw, med(2) / med(1),
+        td_bench::human_bytes(static_cast<double>(total_bytes) / 2));
     fmt::print(
         "# BF16 buckets alone: {}; largest error of a BF16 step against the exact one = {:.2e} "
         "of the largest gradient\n",
