@@ -159,6 +159,20 @@ TEST_CASE("reducer: the group's other collectives between mark_ready calls", "[r
   }
 }
 
+// Each Reducer duplicates the group's communicator (a collective call) and frees it with itself:
+// Reducers built and destroyed in turn, as a program running several trainings does, keep working.
+TEST_CASE("reducer: Reducers built one after another", "[reducer]") {
+  const int rank = td::get_rank();
+  for (int i = 0; i < 40; ++i) {
+    TensorDict grads = make_grads(rank);
+    TensorDict expected = grads.clone();
+    expected.all_reduce(ReduceOp::SUM);
+    Reducer reducer(grads, {.op = ReduceOp::SUM, .bucket_bytes = 256});
+    reducer.finish();
+    REQUIRE(bit_equal(grads, expected));
+  }
+}
+
 TEST_CASE("reducer: random float values at 2 ranks are bit-identical too", "[reducer]") {
   if (td::get_world_size() > 2) return;  // a + b = b + a; three values depend on MPI's order
   const int rank = td::get_rank();

@@ -4,7 +4,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -84,7 +86,11 @@ std::shared_ptr<GroupState> make_group(MPI_Comm parent, MPI_Group members,
     TD_MPI_CHECK(MPI_Comm_rank(comm, &g->rank));
   }
   g->comm = comm;
-  runtime().groups.push_back(g);
+  auto& groups = runtime().groups;
+  // Groups released since (a Reducer per training run, a subgroup per phase) leave expired
+  // entries; dropping them keeps the list as long as the live groups.
+  std::erase_if(groups, [](const std::weak_ptr<GroupState>& w) { return w.expired(); });
+  groups.push_back(g);
   return g;
 }
 
