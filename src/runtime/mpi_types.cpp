@@ -192,7 +192,7 @@ void divide_in_place(void* data, std::int64_t count, DType dtype, int divisor) {
     } else if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, std::complex<float>> ||
                          std::is_same_v<T, std::complex<double>>) {
       using Real = decltype(std::abs(T{}));
-      constexpr std::int64_t kParts = sizeof(T) / sizeof(Real);
+      constexpr std::int64_t kParts = std::is_same_v<T, Real> ? 1 : 2;  // complex: 2 parts
       Eigen::Map<Eigen::Array<Real, Eigen::Dynamic, 1>> values(static_cast<Real*>(data),
                                                                count * kParts);
       if ((divisor & (divisor - 1)) == 0) {
