@@ -1,6 +1,6 @@
 // Catch2's implementation, compiled once for every test executable (cmake/TensorDictTesting.cmake),
-// and the one function of it the test main needs: test/main.cpp, compiled twice (serial and MPI),
-// then stays small. CATCH_CONFIG_RUNNER: the implementation without Catch2's own main.
+// and the one function of it the test main needs, so that test/main.cpp (compiled twice: serial
+// and MPI) stays small. CATCH_CONFIG_RUNNER: the implementation without Catch2's own main.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
