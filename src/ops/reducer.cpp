@@ -184,8 +184,9 @@ struct Reducer::Impl {
   // compressed); its finish step (on whichever thread completes it) divides or decompresses
   // into the bucket, as for every all_reduce bucket (detail::InPlaceBucket). With the progress
   // thread, that thread compresses and posts it (the Work's first phase, run in the order the
-  // buckets were handed over): mark_ready then costs no MPI call and no conversion pass, and
-  // never waits on Open MPI's locks while the thread is inside MPI. Without it, here.
+  // buckets were handed over): mark_ready then posts nothing and converts nothing (its only MPI
+  // calls are async_progress_enabled()'s thread-level queries), and never waits on Open MPI's
+  // locks while the thread is inside MPI. Without it, here.
   void launch(std::size_t b) {
     Bucket& bk = buckets[b];
     auto st = std::make_shared<detail::WorkState>();
