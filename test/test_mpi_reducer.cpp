@@ -4,11 +4,13 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <tensordict/tensordict.hpp>
@@ -475,4 +477,40 @@ TEST_CASE("reducer: FP16 AVG divides before summing, so large gradients do not o
   const float v = grads.get("g").to_vector<float>()[0];
   CHECK(std::isfinite(v));
   CHECK(std::abs(v - 60000.0F) <= 60000.0F * 0.002F);
+}
+
+TEST_CASE("set_async_progress toggled between two mark_ready calls keeps the bucket order",
+          "[reducer][progress]") {
+  // Two float buckets of one leaf each ("a" is bucket 0, "b" bucket 1 in ready order a, b):
+  // with the toggle mid-step, bucket 1 must not be posted before bucket 0 (queued on the
+  // progress thread), or the ranks sum a into b.
+  const int rank = td::get_rank();
+  const auto n = static_cast<float>(td::get_world_size());
+  const bool was = td::async_progress_enabled();
+  for (const bool first : {true, false}) {
+    for (int step = 0; step < 3; ++step) {
+      TensorDict g;
+      g.set("a", Tensor::full<float>({512}, 1.f));
+      g.set("b", Tensor::full<float>({512}, 100.f));
+      td::set_async_progress(first);
+      Reducer r(g, {.op = ReduceOp::SUM, .bucket_bytes = 2048, .ready_order = {"a", "b"}});
+      for (int s = 0; s <= step; ++s) {
+        g.get("a").copy_(Tensor::full<float>({512}, 1.f + static_cast<float>(rank)));
+        g.get("b").copy_(Tensor::full<float>({512}, 100.f));
+        td::set_async_progress(first);
+        r.mark_ready("a");
+        // Odd ranks give their progress thread time to post bucket 0 first; even ranks go on at
+        // once, so that a bucket 1 posted out of order meets the others' bucket 0.
+        if (rank % 2 == 1) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        td::set_async_progress(!first);
+        r.mark_ready("b");
+        r.finish();
+        INFO("progress " << first << " then " << !first << ", step " << s);
+        const float a = n * (n + 1) / 2;  // 1 + 2 + ... + n
+        CHECK(g.get("a").to_vector<float>() == std::vector<float>(512, a));
+        CHECK(g.get("b").to_vector<float>() == std::vector<float>(512, 100.f * n));
+      }
+    }
+  }
+  td::set_async_progress(was);
 }

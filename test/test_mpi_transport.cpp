@@ -5,13 +5,17 @@
 // rows and keys that only some ranks hold.
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <chrono>
 #include <complex>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include <mpi.h>
@@ -79,16 +83,95 @@ bool same(const TensorDict& a, const TensorDict& b) {
   return true;
 }
 
-// The MPI tag send_dict / recv_dict use for CollectiveOptions::tag `user_tag` (docs/transport.md:
-// the top tags above TensorDict::send/recv's blocks), for tests that speak the wire protocol.
-int wire_tag(MPI_Comm comm, int user_tag) {
-  int* ub = nullptr;
-  int flag = 0;
-  MPI_Comm_get_attr(comm, MPI_TAG_UB, static_cast<void*>(&ub), &flag);
-  const long long tag_ub = flag && ub ? *ub : 32767;
-  const long long base = tag_ub / 1024 * 1024;
-  return static_cast<int>(base + user_tag % (tag_ub - base + 1));
+// The MPI tag send_dict / recv_dict use for CollectiveOptions::tag `user_tag`
+// (docs/internals.md, "Tags": transport's MPI tag is the user tag), for tests that speak the
+// wire protocol.
+int wire_tag(MPI_Comm /*comm*/, int user_tag) { return user_tag; }
+
+// The wire records of docs/transport.md: a size record (metadata bytes, bytes per dtype, the
+// tail guard) and send_dict's header (status, error length, segment mask, then the record).
+constexpr std::size_t kSizeWords = 2 + td::kNumDTypes;
+constexpr std::size_t kGuardWord = 1 + td::kNumDTypes;
+constexpr std::size_t kHeaderWords = 3 + kSizeWords;
+
+// Rank 0 playing a transport peer with raw MPI on the world's communicator: the agreement (an
+// MPI_Iallreduce MAX of three words, to which zeros contribute nothing), the status rounds, and
+// genuine metadata learnt from a library sender.
+struct RawPeer {
+  MPI_Comm comm = td::world().comm();
+
+  void agreement() const {
+    std::array<std::uint64_t, 3> zeros{};
+    MPI_Request req = MPI_REQUEST_NULL;
+    MPI_Iallreduce(MPI_IN_PLACE, zeros.data(), 3, MPI_UINT64_T, MPI_MAX, comm, &req);
+    MPI_Wait(&req, MPI_STATUS_IGNORE);
+  }
+  void ibcast(void* p, int n, MPI_Datatype t, int root) const {
+    MPI_Request req = MPI_REQUEST_NULL;
+    MPI_Ibcast(p, n, t, root, comm, &req);
+    MPI_Wait(&req, MPI_STATUS_IGNORE);
+  }
+  // A status round where this rank saw nothing wrong: the rejecting rank's text, or "".
+  std::string status_round() const {
+    std::uint64_t w = 0;
+    MPI_Request req = MPI_REQUEST_NULL;
+    MPI_Iallreduce(MPI_IN_PLACE, &w, 1, MPI_UINT64_T, MPI_MAX, comm, &req);
+    MPI_Wait(&req, MPI_STATUS_IGNORE);
+    if (w == 0) return {};
+    const int rejecting = static_cast<int>(w - 1);
+    std::uint64_t len = 0;
+    ibcast(&len, 1, MPI_UINT64_T, rejecting);
+    std::string text(len, '\0');
+    ibcast(text.data(), static_cast<int>(len), MPI_BYTE, rejecting);
+    return text;
+  }
+  // Rank 1's send_dict of `d` read with raw MPI and refused: its header and metadata. Rank 1
+  // calls learn_from() too (it sends).
+  static std::pair<std::vector<std::uint64_t>, std::vector<char>> learn(const TensorDict& d,
+                                                                        int user_tag) {
+    const int rank = td::get_rank();
+    std::vector<std::uint64_t> header(kHeaderWords);
+    std::vector<char> meta;
+    if (rank == 1) {
+      CHECK_THROWS_WITH(td::send_dict(d, 0, {.tag = user_tag}), Catch::Contains("not now"));
+    } else if (rank == 0) {
+      const MPI_Comm comm = td::world().comm();
+      MPI_Recv(header.data(), static_cast<int>(header.size()), MPI_UINT64_T, 1, user_tag, comm,
+               MPI_STATUS_IGNORE);
+      meta.resize(header[3]);
+      MPI_Recv(meta.data(), static_cast<int>(meta.size()), MPI_BYTE, 1, user_tag, comm,
+               MPI_STATUS_IGNORE);
+      std::vector<char> no(512, 0);
+      no[0] = 2;  // failed
+      std::snprintf(no.data() + 1, 500, "%s", "not now");
+      MPI_Send(no.data(), 512, MPI_BYTE, 1, user_tag, comm);
+    }
+    return {header, meta};
+  }
+};
+
+// A dict of two dtypes, small leaves (one packed message per dtype): int64 (dtype 5, 80 bytes)
+// goes before float32 (dtype 8, 4000 bytes).
+TensorDict two_streams() {
+  TensorDict d;
+  d.set("x", filled(DType::Float32, {1000}, 1));
+  d.set({"y", "z"}, filled(DType::Int64, {10}, 2));
+  return d;
 }
+// Runs `call`, which must throw the td::Error of a short message whose text contains `what`.
+template <class F>
+void expect_short(F&& call, const std::string& what) {
+  try {
+    call();
+    FAIL("expected a td::Error");
+  } catch (const td::Error& e) {
+    INFO(e.what());
+    CHECK_THAT(e.what(), Catch::Contains(what) && Catch::Contains("short message"));
+  }
+}
+
+constexpr auto kInt64 = static_cast<std::size_t>(DType::Int64);
+constexpr auto kFloat32 = static_cast<std::size_t>(DType::Float32);
 
 }  // namespace
 
@@ -297,6 +380,32 @@ TEST_CASE("reduce_scatter with rows per rank", "[transport][reduce_scatter]") {
   }
 }
 
+TEST_CASE("rows_per_rank that overflow when summed are the same error on every rank",
+          "[transport][reduce_scatter][errors]") {
+  // {INT64_MAX, INT64_MAX, 2, ...} on a dict of 0 rows: the sum wraps to 0 unless checked.
+  const int size = td::get_world_size();
+  const std::int64_t big = std::numeric_limits<std::int64_t>::max();
+  std::vector<std::int64_t> rows_per_rank(static_cast<std::size_t>(size), 0);
+  rows_per_rank[0] = big;
+  if (size > 1) rows_per_rank[1] = big;
+  if (size > 2) rows_per_rank[2] = 2;
+  TensorDict d(td::Shape{0});
+  d.set("x", Tensor::zeros({0, 3}, DType::Float32));
+  for (int round = 0; round < 2; ++round) {
+    try {
+      const TensorDict shard = d.reduce_scatter(rows_per_rank, ReduceOp::SUM);
+      // One rank of MAX rows sums to MAX, not 0: only a world of one with rows {MAX} gets here
+      // with a mismatch against the 0 rows of the leaf.
+      FAIL("expected std::invalid_argument, got a shard of " << shard.batch_size()[0] << " rows");
+    } catch (const std::invalid_argument& e) {
+      INFO(e.what());
+      CHECK_THAT(e.what(), Catch::Contains("rows_per_rank"));
+    }
+  }
+  // The group still works.
+  CHECK(td::all_gather_dicts(rich(0)).size() == static_cast<std::size_t>(size));
+}
+
 TEST_CASE("transport errors are raised on every rank before data moves", "[transport][errors]") {
   const int rank = td::get_rank(), size = td::get_world_size();
   CHECK_THROWS_AS(td::broadcast_dict(rich(0), size), std::invalid_argument);
@@ -370,7 +479,7 @@ TEST_CASE("recv_dict rejects a hostile sender's metadata", "[transport][errors]"
       CHECK_THROWS_WITH(td::recv_dict(0, opts), Catch::Contains(std::string(expect)));
     }
   };
-  std::vector<std::uint64_t> header(3 + 1 + td::kNumDTypes, 0);
+  std::vector<std::uint64_t> header(kHeaderWords, 0);
   header[3] = meta.size();
   run(header, "entries claimed");
   header[3] = std::uint64_t{1} << 40;  // metadata of a terabyte: refused before any allocation
@@ -399,7 +508,7 @@ TEST_CASE("recv_dict whose sender stops after the handshake times out", "[transp
   d.set("x", filled(DType::Float32, {1000}, 1));
   d.set({"y", "z"}, filled(DType::Int64, {10}, 2));
   if (rank == 0) {
-    std::vector<std::uint64_t> header(3 + 1 + td::kNumDTypes);
+    std::vector<std::uint64_t> header(kHeaderWords);
     MPI_Recv(header.data(), static_cast<int>(header.size()), MPI_UINT64_T, 1, tag, comm,
              MPI_STATUS_IGNORE);
     REQUIRE(header[0] == 0);  // ok: the metadata follows
@@ -434,4 +543,221 @@ TEST_CASE("recv_dict from a rank that never sends times out", "[transport][error
   CHECK_THROWS_AS(td::recv_dict(0, {.timeout = std::chrono::milliseconds(200), .tag = 999}),
                   td::TimeoutError);
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+}
+
+TEST_CASE("calls on the boundary tags at once never take each other's messages",
+          "[transport][tags]") {
+  // Tags 0, 1023, 1024 and the largest, in flight at once: four send_dict threads against
+  // recv_dicts taken in another order, beside async TensorDict::send / recv on the same tags. A
+  // receive must get the dict of its own tag (whose value is the tag), never another's.
+  const int rank = td::get_rank(), size = td::get_world_size();
+  if (size < 2 || rank > 1) return;
+  const std::vector<int> tags = {1024, 0, td::kMaxUserTag - 1, 1023};
+  const std::vector<int> recv_order = {0, 1024, 1023, td::kMaxUserTag - 1};
+  auto dict_of = [](int tag, bool p2p) {
+    TensorDict d;
+    d.set(p2p ? "p2p" : "transport", Tensor::full<std::int32_t>({3}, tag));
+    return d;
+  };
+  const td::CollectiveOptions base{.timeout = std::chrono::milliseconds(20000)};
+  for (int round = 0; round < 3; ++round) {
+    if (rank == 0) {
+      std::vector<TensorDict> outs;
+      for (int tag : tags) outs.push_back(dict_of(tag, true));
+      std::vector<td::Work> works;
+      for (std::size_t i = 0; i < tags.size(); ++i) {
+        td::CollectiveOptions o = base;
+        o.tag = tags[i];
+        o.async_op = true;
+        for (auto& w : outs[i].send(1, o)) works.push_back(std::move(w));
+      }
+      std::vector<std::thread> senders;
+      for (int tag : tags) {
+        senders.emplace_back([&, tag] {
+          td::CollectiveOptions o = base;
+          o.tag = tag;
+          td::send_dict(dict_of(tag, false), 1, o);
+        });
+      }
+      for (auto& t : senders) t.join();
+      td::wait_all(works);
+    } else {
+      std::vector<TensorDict> ins;
+      for (std::size_t i = 0; i < recv_order.size(); ++i) {
+        TensorDict d;
+        d.set("p2p", Tensor::zeros({3}, DType::Int32));
+        ins.push_back(std::move(d));
+      }
+      std::vector<td::Work> works;
+      for (std::size_t i = 0; i < recv_order.size(); ++i) {
+        td::CollectiveOptions o = base;
+        o.tag = recv_order[i];
+        o.async_op = true;
+        for (auto& w : ins[i].recv(0, o)) works.push_back(std::move(w));
+      }
+      for (int tag : recv_order) {
+        td::CollectiveOptions o = base;
+        o.tag = tag;
+        const TensorDict got = td::recv_dict(0, o);
+        INFO("transport tag " << tag << ", round " << round);
+        REQUIRE(got.contains("transport"));
+        CHECK(got.get("transport").to_vector<std::int32_t>() == std::vector<std::int32_t>(3, tag));
+      }
+      td::wait_all(works);
+      for (std::size_t i = 0; i < recv_order.size(); ++i) {
+        INFO("point-to-point tag " << recv_order[i] << ", round " << round);
+        CHECK(ins[i].get("p2p").to_vector<std::int32_t>() ==
+              std::vector<std::int32_t>(3, recv_order[i]));
+      }
+    }
+  }
+}
+
+TEST_CASE("recv_dict rejects a sender whose metadata or data is shorter than announced",
+          "[transport][errors][short]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  if (size < 2 || rank > 1) return;
+  const MPI_Comm comm = td::world().comm();
+  const int user_tag = 61;
+  const td::CollectiveOptions opts{.tag = user_tag};
+  const TensorDict d = two_streams();
+  const auto [header, meta] = RawPeer::learn(d, user_tag);
+  // Metadata: the header announces all of it, 4 bytes come.
+  if (rank == 0) {
+    MPI_Send(header.data(), static_cast<int>(header.size()), MPI_UINT64_T, 1, user_tag, comm);
+    MPI_Send(meta.data(), 4, MPI_BYTE, 1, user_tag, comm);
+  } else {
+    try {
+      (void)td::recv_dict(0, opts);
+      FAIL("expected a td::Error");
+    } catch (const td::Error& e) {
+      INFO(e.what());
+      CHECK_THAT(e.what(), Catch::Contains("rank 0 sent 4 of the") &&
+                               Catch::Contains("bytes of its metadata") &&
+                               Catch::Contains("short message"));
+    }
+  }
+  // Data: header and metadata in full, the verdict taken, then the int64 stream in full and 100
+  // of the 1000 float32 elements.
+  if (rank == 0) {
+    MPI_Send(header.data(), static_cast<int>(header.size()), MPI_UINT64_T, 1, user_tag, comm);
+    MPI_Send(meta.data(), static_cast<int>(meta.size()), MPI_BYTE, 1, user_tag, comm);
+    std::vector<char> verdict(512);
+    MPI_Recv(verdict.data(), 512, MPI_BYTE, 1, user_tag, comm, MPI_STATUS_IGNORE);
+    REQUIRE(verdict[0] == 0);
+    MPI_Send(d.get({"y", "z"}).raw_data(), 10, MPI_INT64_T, 1, user_tag, comm);
+    MPI_Send(d.get("x").raw_data(), 100, MPI_FLOAT, 1, user_tag, comm);
+  } else {
+    try {
+      (void)td::recv_dict(0, opts);
+      FAIL("expected a td::Error");
+    } catch (const td::Error& e) {
+      INFO(e.what());
+      CHECK_THAT(e.what(), Catch::Contains("rank 0 sent 100 of the 1000 elements") &&
+                               Catch::Contains("float32 data"));
+    }
+  }
+  // The pair still talks.
+  if (rank == 0) td::send_dict(d, 1);
+  if (rank == 1) CHECK(same(td::recv_dict(0), d));
+}
+
+TEST_CASE("broadcast_dict rejects a source whose metadata or data is shorter than announced",
+          "[transport][errors][short]") {
+  // Rank 0 is a raw-MPI source; every other rank calls broadcast_dict and must raise the same
+  // td::Error, however the broadcast tree forwards the short message.
+  const int rank = td::get_rank(), size = td::get_world_size();
+  if (size < 2) return;
+  const RawPeer raw;
+  const TensorDict d = two_streams();
+  const auto [header, meta] = RawPeer::learn(d, 62);
+  auto expect_error = [&](const std::string& phase) {
+    expect_short([] { (void)td::broadcast_dict(TensorDict(), 0); },
+                 "td.broadcast_dict: rank 0 sent less " + phase);
+  };
+  std::vector<std::uint64_t> record(kSizeWords + 1, 0);  // the record, then the segment mask
+  if (rank == 0) std::copy(header.begin() + 3, header.end(), record.begin());
+  record[kGuardWord] = 1;  // any guard but "none"
+  // Metadata: 4 of its bytes.
+  if (rank == 0) {
+    raw.agreement();
+    raw.ibcast(record.data(), static_cast<int>(record.size()), MPI_UINT64_T, 0);
+    raw.ibcast(const_cast<char*>(meta.data()), 4, MPI_BYTE, 0);
+    CHECK_THAT(raw.status_round(), Catch::Contains("short message"));
+  } else {
+    expect_error("metadata");
+  }
+  // Data: the metadata in full, the int64 stream in full, 100 of the 1000 float32 elements.
+  if (rank == 0) {
+    raw.agreement();
+    raw.ibcast(record.data(), static_cast<int>(record.size()), MPI_UINT64_T, 0);
+    raw.ibcast(const_cast<char*>(meta.data()), static_cast<int>(meta.size()), MPI_BYTE, 0);
+    CHECK(raw.status_round().empty());  // the metadata is genuine
+    REQUIRE(record[1 + kInt64] == 80);
+    REQUIRE(record[1 + kFloat32] == 4000);
+    raw.ibcast(const_cast<void*>(d.get({"y", "z"}).raw_data()), 10, MPI_INT64_T, 0);
+    raw.ibcast(const_cast<void*>(d.get("x").raw_data()), 100, MPI_FLOAT, 0);
+    CHECK_THAT(raw.status_round(), Catch::Contains("float32 data"));
+  } else {
+    expect_error("float32 data");
+  }
+  // Everyone still works.
+  CHECK(same(td::broadcast_dict(rank == 0 ? d : TensorDict(), 0), d));
+}
+
+TEST_CASE("gather_dicts rejects a rank whose metadata or data is shorter than announced",
+          "[transport][errors][short]") {
+  // Rank 0 is a raw-MPI member of a gather to rank 1: its size record announces its metadata
+  // (and data), its Igatherv contributions are short. Every library rank raises the same error.
+  const int rank = td::get_rank(), size = td::get_world_size();
+  if (size < 2) return;
+  const RawPeer raw;
+  const TensorDict d = two_streams();
+  const auto [header, meta] = RawPeer::learn(d, 63);
+  auto expect_error = [&](const std::string& phase) {
+    expect_short([] { (void)td::gather_dicts(TensorDict(), 1); },
+                 "td.gather_dicts: rank 0 sent less " + phase);
+  };
+  std::vector<std::uint64_t> record(kSizeWords, 0);
+  if (rank == 0) std::copy(header.begin() + 3, header.end(), record.begin());
+  record[kGuardWord] = 1;
+  auto raw_gather = [&](const std::vector<std::uint64_t>& mine, int meta_bytes) {
+    raw.agreement();
+    std::vector<std::uint64_t> table(kSizeWords * static_cast<std::size_t>(size));
+    MPI_Request req = MPI_REQUEST_NULL;
+    MPI_Iallgather(mine.data(), static_cast<int>(kSizeWords), MPI_UINT64_T, table.data(),
+                   static_cast<int>(kSizeWords), MPI_UINT64_T, raw.comm, &req);
+    MPI_Wait(&req, MPI_STATUS_IGNORE);
+    MPI_Igatherv(meta.data(), meta_bytes, MPI_BYTE, nullptr, nullptr, nullptr, MPI_BYTE, 1,
+                 raw.comm, &req);
+    MPI_Wait(&req, MPI_STATUS_IGNORE);
+  };
+  if (rank == 0) {
+    raw_gather(record, 4);
+    CHECK_THAT(raw.status_round(), Catch::Contains("short message"));
+  } else {
+    expect_error("metadata");
+  }
+  // Data: the other ranks send empty dicts, so the data calls are rank 0's dtypes: int64 in
+  // full, then 100 of its 1000 float32 elements.
+  if (rank == 0) {
+    raw_gather(record, static_cast<int>(meta.size()));
+    CHECK(raw.status_round().empty());
+    MPI_Request req = MPI_REQUEST_NULL;
+    MPI_Igatherv(d.get({"y", "z"}).raw_data(), 10, MPI_INT64_T, nullptr, nullptr, nullptr,
+                 MPI_INT64_T, 1, raw.comm, &req);
+    MPI_Wait(&req, MPI_STATUS_IGNORE);
+    MPI_Igatherv(d.get("x").raw_data(), 100, MPI_FLOAT, nullptr, nullptr, nullptr, MPI_FLOAT, 1,
+                 raw.comm, &req);
+    MPI_Wait(&req, MPI_STATUS_IGNORE);
+    CHECK_THAT(raw.status_round(), Catch::Contains("float32 data"));
+  } else {
+    expect_error("float32 data");
+  }
+  // Everyone still works.
+  const auto all = td::gather_dicts(d, 1);
+  if (rank == 1) {
+    REQUIRE(all.size() == static_cast<std::size_t>(size));
+    CHECK(same(all[0], d));
+  }
 }

@@ -184,6 +184,20 @@ std::shared_ptr<const BucketPlan> plan_for(GroupState& g, const Analysis& a,
   return plan;
 }
 
+namespace {
+// Bytes of a layout's leaves (dense or not): what a bucket cap can split.
+std::size_t dense_bytes(const std::vector<LeafLayout>& layout) {
+  std::size_t total = 0;
+  for (const LeafLayout& l : layout) {
+    std::size_t n = itemsize(l.dtype);
+    for (const std::int64_t d : l.shape)
+      n *= static_cast<std::size_t>(std::max<std::int64_t>(d, 0));
+    total += n;
+  }
+  return total;
+}
+}  // namespace
+
 std::optional<std::size_t> requested_cap(const CollectiveOptions& opts, bool from_dict) {
   if (!from_dict) return std::nullopt;
   return opts.bucket_bytes ? opts.bucket_bytes : config().bucket_bytes;
@@ -227,17 +241,28 @@ PreparedCollective prepare_collective(std::span<const LeafRef> leaves, const Col
   if (!arg_error.empty()) throw std::invalid_argument(fmt::format("{}: {}", call.name, arg_error));
 
   std::size_t direct_bytes = 0;
+  auto data_deadline = deadline;
   if (cap && *cap == kAutoBucketBytes) {
-    const TunedBuckets tuned = tuned_buckets(*g, deadline);
-    cap = tuned.cap;
-    direct_bytes = tuned.direct_bytes;
+    if (dense_bytes(a.layout) <= smallest_candidate_cap()) {
+      // Every candidate cap packs this dict the same way (one bucket per dtype): nothing to
+      // measure. The layout is agreed, so every rank takes this branch or none does.
+      cap = smallest_candidate_cap();
+    } else {
+      const TunedBuckets tuned = tuned_buckets(*g, deadline, timeout);
+      cap = tuned.cap;
+      direct_bytes = tuned.direct_bytes;
+      // The timeout measures how long the ranks wait for each other, not the library's own
+      // measurement of the machine (which only the first auto-tuned call of a group pays).
+      data_deadline = deadline_after(timeout.count() > 0 ? timeout : timeout_of({}));
+    }
   }
   auto plan = plan_for(*g, a, cap, direct_bytes);
   log_debug([&] {
     return fmt::format("{}: {}", call_header(call, cap, opts.async_op, opts.compression, g->size),
                        plan->describe());
   });
-  return {std::move(g), std::move(plan), deadline, a.memory, spans_everywhere && cap.has_value()};
+  return {std::move(g), std::move(plan), data_deadline, a.memory,
+          spans_everywhere && cap.has_value()};
 }
 
 }  // namespace td::detail

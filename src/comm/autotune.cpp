@@ -116,8 +116,9 @@ std::string cache_key(GroupState& g) {
 // Times `op` `reps` times (after one untimed call when `warm_up`) and returns the fastest
 // MAX-over-ranks time: the minimum is what the machine can do, the median would also measure
 // whatever else ran meanwhile.
+// `spent` adds up every call's MAX-over-ranks time, the same sum on every rank.
 template <class Op>
-double fastest(GroupState& g, int reps, bool warm_up, Op&& op) {
+double fastest(GroupState& g, int reps, bool warm_up, double& spent, Op&& op) {
   double best = 1e30;
   for (int r = warm_up ? -1 : 0; r < reps; ++r) {
     TD_MPI_CHECK(MPI_Barrier(g.comm));
@@ -125,6 +126,7 @@ double fastest(GroupState& g, int reps, bool warm_up, Op&& op) {
     op();
     double dt = MPI_Wtime() - start;
     TD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, g.comm));
+    spent += dt;
     if (r >= 0) best = std::min(best, dt);  // the untimed call warms up buffers and connections
   }
   return best;
@@ -132,9 +134,14 @@ double fastest(GroupState& g, int reps, bool warm_up, Op&& op) {
 
 // Times the packed cycle (and, with `bare`, the bare allreduce) of each size in kPasses passes
 // over all sizes, so that load lasting a while hits one pass of every size rather than every pass
-// of one size. Collective; every rank returns the same values.
+// of one size. Passes stop early once the measured time exceeds TD_AUTOTUNE_BUDGET_MS (`*passes`
+// says how many ran): a busy machine must not make the first auto-tuned call cost seconds.
+// Collective; every rank returns the same values (the budget is checked on the MAX-over-ranks
+// times every rank shares).
 std::vector<autotune::Timings> time_sizes(GroupState& g, const std::vector<std::size_t>& sizes,
-                                          bool bare) {
+                                          bool bare, int* passes = nullptr) {
+  const double budget = std::chrono::duration<double>(config().autotune_budget).count();
+  double spent = 0;
   const std::size_t top = *std::max_element(sizes.begin(), sizes.end());
   auto leaves = std::make_unique<Storage>(top);  // stands for the leaves' memory
   auto pack = std::make_unique<Storage>(top);    // the pack buffer
@@ -143,21 +150,30 @@ std::vector<autotune::Timings> time_sizes(GroupState& g, const std::vector<std::
   std::vector<autotune::Timings> out;
   out.reserve(sizes.size());
   for (std::size_t n : sizes) out.push_back({n, {}, {}});
-  for (int pass = 0; pass < kPasses; ++pass)
-    for (auto& t : out) {
+  int pass = 0;
+  for (; pass < kPasses && (pass == 0 || spent < budget); ++pass)
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      // A first pass that alone overruns the budget (a loaded machine) stops at the sizes it
+      // reached: a ladder that ends early is still a choice among what was measured.
+      if (pass == 0 && bare && i >= 2 && spent >= budget) {
+        out.resize(i);
+        break;
+      }
+      auto& t = out[i];
       const int count = static_cast<int>(t.bytes / sizeof(float));
       const int reps = t.bytes <= kSmallBytes ? kRepsPerPassSmall : kRepsPerPass;
-      t.packed.push_back(fastest(g, reps, pass == 0, [&] {
+      t.packed.push_back(fastest(g, reps, pass == 0, spent, [&] {
         std::memcpy(pack->data, leaves->data, t.bytes);
         TD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, pack->data, count, MPI_FLOAT, MPI_SUM, g.comm));
         std::memcpy(leaves->data, pack->data, t.bytes);
       }));
       if (bare)
-        t.bare.push_back(fastest(g, reps, pass == 0, [&] {
+        t.bare.push_back(fastest(g, reps, pass == 0, spent, [&] {
           TD_MPI_CHECK(
               MPI_Allreduce(MPI_IN_PLACE, leaves->data, count, MPI_FLOAT, MPI_SUM, g.comm));
         }));
     }
+  if (passes) *passes = pass;
   return out;
 }
 
@@ -261,7 +277,9 @@ std::pair<TunedBuckets, std::string> resolve(GroupState& g) {
     story = "TD_AUTOTUNE_REFRESH: cached entry ignored; ";
   }
 
-  const auto ladder = time_sizes(g, std::vector<std::size_t>(kLadder.begin(), kLadder.end()), true);
+  int passes = 0;
+  const auto ladder =
+      time_sizes(g, std::vector<std::size_t>(kLadder.begin(), kLadder.end()), true, &passes);
   const autotune::Choice c = autotune::choose(ladder);
   if (g.rank == 0)
     log_debug([&] {
@@ -282,7 +300,13 @@ std::pair<TunedBuckets, std::string> resolve(GroupState& g) {
   const double load = static_cast<double>(load_milli) / 1000;
   const bool busy =
       autotune::machine_busy(load, static_cast<long>(cpus), static_cast<int>(local_ranks));
-  if (c.noisy || busy) {
+  const bool cut_short = passes < kPasses || ladder.size() < kLadder.size();
+  if (cut_short) {
+    story += fmt::format(
+        "measured, NOT cached: {} of {} passes, up to {}, fit in TD_AUTOTUNE_BUDGET_MS={} (a "
+        "busy or slow machine); this process uses it, the next one measures again",
+        passes, kPasses, kib(ladder.back().bytes), config().autotune_budget.count());
+  } else if (c.noisy || busy) {
     const std::string why =
         c.noisy ? spread_text(c)
                 : fmt::format(
@@ -310,19 +334,40 @@ std::pair<TunedBuckets, std::string> resolve(GroupState& g) {
 
 }  // namespace
 
-TunedBuckets tuned_buckets(GroupState& g, Clock::time_point) {
+std::size_t smallest_candidate_cap() { return kLadder.front(); }
+
+TunedBuckets tuned_buckets(GroupState& g, Clock::time_point deadline,
+                           std::chrono::milliseconds timeout) {
   {
     std::lock_guard lock(g.mu);
     if (g.tuned) return *g.tuned;
   }
   TunedBuckets pick{kFallback, std::size_t{64} << 10};
   if (g.size > 1) {
+    // The measurement is blocking MPI: a peer lost in it must not hang the others. Its own
+    // cost is bounded (TD_AUTOTUNE_BUDGET_MS, plus the barriers and the spot check around it) and
+    // is not charged to the call: the caller gives the call a fresh deadline afterwards.
+    // A minute at least: under load a measurement can overrun its budget by a few sizes' calls.
+    const auto limit = std::max(deadline, deadline_after(std::max<std::chrono::milliseconds>(
+                                                             timeout, std::chrono::minutes(1)) +
+                                                         4 * config().autotune_budget));
+    const std::function<std::string()> describe = [&] {
+      return fmt::format("measuring kAutoBucketBytes on a group of {} ranks", g.size);
+    };
+    const auto start = Clock::now();
     std::string story;
-    std::tie(pick, story) = resolve(g);
+    {
+      BlockingPhase phase(limit, describe);
+      std::tie(pick, story) = resolve(g);
+    }
+    const auto cost =
+        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
     // Every rank knows the same: said once per group, not once per rank.
     log_info_once(g.rank, [&] {
-      return fmt::format("auto buckets: cap {}, leaves of {} or more sent alone; {}", kib(pick.cap),
-                         kib(pick.direct_bytes), story);
+      return fmt::format(
+          "auto buckets: cap {}, leaves of {} or more sent alone; found in {} ms, "
+          "not counted in the call's timeout; {}",
+          kib(pick.cap), kib(pick.direct_bytes), cost, story);
     });
   }
   std::lock_guard lock(g.mu);

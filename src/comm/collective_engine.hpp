@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "comm/executor.hpp"
 #include "core/dict_internal.hpp"
 #include "runtime/runtime.hpp"
 
@@ -211,7 +212,13 @@ struct DictLeaves {
 };
 DictLeaves dict_leaves(const TensorDict& d, bool with_cache = true);
 
-/// Resolves kAutoBucketBytes for a group: measured once per group (collective), then cached.
-TunedBuckets tuned_buckets(GroupState& group, std::chrono::steady_clock::time_point deadline);
+/// Resolves kAutoBucketBytes for a group: measured once per group (collective, bounded by
+/// TD_AUTOTUNE_BUDGET_MS, under a watchdog of at least `deadline` and `timeout` past its start),
+/// then cached.
+TunedBuckets tuned_buckets(GroupState& group, std::chrono::steady_clock::time_point deadline,
+                           std::chrono::milliseconds timeout);
+/// The smallest cap the measurement chooses from: a dict of at most this many bytes is packed the
+/// same way by every candidate, and needs no measurement.
+std::size_t smallest_candidate_cap();
 
 }  // namespace td::detail

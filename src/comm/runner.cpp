@@ -41,9 +41,9 @@ void start_or_run(const CollectiveCall& call, int rank, MPI_Comm comm, std::byte
     case CollectiveKind::AllReduce: {
       const MPI_Op op = mpi_op(call.op, dtype);
       if (req) {
-        TD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, p, count, type, op, comm, req));
+        detail::post(detail::allreduce_call(MPI_IN_PLACE, p, count, type, op, comm), req);
       } else {
-        TD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, p, count, type, op, comm));
+        detail::post(detail::allreduce_call(MPI_IN_PLACE, p, count, type, op, comm), nullptr);
       }
       break;
     }
@@ -53,17 +53,17 @@ void start_or_run(const CollectiveCall& call, int rank, MPI_Comm comm, std::byte
       void* send = root ? MPI_IN_PLACE : p;
       void* recv = root ? p : nullptr;
       if (req) {
-        TD_MPI_CHECK(MPI_Ireduce(send, recv, count, type, op, call.root, comm, req));
+        detail::post(detail::reduce_call(send, recv, count, type, op, call.root, comm), req);
       } else {
-        TD_MPI_CHECK(MPI_Reduce(send, recv, count, type, op, call.root, comm));
+        detail::post(detail::reduce_call(send, recv, count, type, op, call.root, comm), nullptr);
       }
       break;
     }
     case CollectiveKind::Broadcast:
       if (req) {
-        TD_MPI_CHECK(MPI_Ibcast(p, count, type, call.root, comm, req));
+        detail::post(detail::bcast_call(p, count, type, call.root, comm), req);
       } else {
-        TD_MPI_CHECK(MPI_Bcast(p, count, type, call.root, comm));
+        detail::post(detail::bcast_call(p, count, type, call.root, comm), nullptr);
       }
       break;
     default:

@@ -6,6 +6,7 @@
 #include <climits>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <span>
@@ -174,11 +175,9 @@ std::vector<Work> gather_leaves(std::span<const LeafRef> leaves,
     const MPI_Comm comm = g.comm;
     runner.run_one(st, [&](MPI_Request* req) {
       if (kind == CollectiveKind::AllGather) {
-        TD_MPI_CHECK(req ? MPI_Iallgather(send, count, type, all, count, type, comm, req)
-                         : MPI_Allgather(send, count, type, all, count, type, comm));
+        detail::post(detail::allgather_call(send, count, type, all, count, type, comm), req);
       } else {
-        TD_MPI_CHECK(req ? MPI_Igather(send, count, type, all, count, type, root, comm, req)
-                         : MPI_Gather(send, count, type, all, count, type, root, comm));
+        detail::post(detail::gather_call(send, count, type, all, count, type, root, comm), req);
       }
     });
   }
@@ -376,8 +375,7 @@ std::vector<Work> TensorDict::scatter(int src, const std::vector<TensorDict>& pa
     }
     const MPI_Comm comm = g.comm;
     runner.run_one(st, [&](MPI_Request* req) {
-      TD_MPI_CHECK(req ? MPI_Iscatter(all, count, type, recv, count, type, src, comm, req)
-                       : MPI_Scatter(all, count, type, recv, count, type, src, comm));
+      detail::post(detail::scatter_call(all, count, type, recv, count, type, src, comm), req);
     });
   }
   // Skipped leaves are empty or aliases of an earlier leaf, whose storage they share.
@@ -506,13 +504,11 @@ std::vector<Work> reduce_scatter_rows(const TensorDict& self, std::span<const Le
     const int* c = counts->data();
     if (split.even()) {
       runner.run_one(st, [&](MPI_Request* req) {
-        TD_MPI_CHECK(req ? MPI_Ireduce_scatter_block(send, recv, c[0], type, mop, comm, req)
-                         : MPI_Reduce_scatter_block(send, recv, c[0], type, mop, comm));
+        detail::post(detail::reduce_scatter_block_call(send, recv, c[0], type, mop, comm), req);
       });
     } else {
       runner.run_one(st, [&](MPI_Request* req) {
-        TD_MPI_CHECK(req ? MPI_Ireduce_scatter(send, recv, c, type, mop, comm, req)
-                         : MPI_Reduce_scatter(send, recv, c, type, mop, comm));
+        detail::post(detail::reduce_scatter_call(send, recv, c, type, mop, comm), req);
       });
     }
   }
@@ -561,10 +557,20 @@ TensorDict TensorDict::reduce_scatter(const std::vector<std::int64_t>& rows_per_
   const int group_size = detail::group_of(opts)->size;
   std::string err = std::move(in.error);
   RowSplit split{group_size, {0}};
+  // Summed without overflow: a sum that wraps could pass the first-dimension check below.
+  bool overflowed = false;
   for (const std::int64_t n : rows_per_rank) {
     if (n < 0 && err.empty()) err = fmt::format("rows_per_rank holds a negative size {}", n);
-    split.first.push_back(split.first.back() + std::max<std::int64_t>(n, 0));
+    std::int64_t next = 0;
+    if (__builtin_add_overflow(split.first.back(), std::max<std::int64_t>(n, 0), &next)) {
+      overflowed = true;
+      next = split.first.back();
+    }
+    split.first.push_back(next);
   }
+  if (overflowed && err.empty())
+    err = fmt::format("rows_per_rank [{}] sums to more than {} rows",
+                      fmt::join(rows_per_rank, ", "), std::numeric_limits<std::int64_t>::max());
   const std::int64_t rows = split.first.back();
   if (err.empty() && rows_per_rank.size() != static_cast<std::size_t>(group_size))
     err = fmt::format("rows_per_rank has {} sizes for a group of {} ranks (one per rank)",

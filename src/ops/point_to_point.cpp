@@ -9,9 +9,10 @@
 //      names the first differing key; otherwise the data moves: one message per leaf, or (with
 //      bucket_bytes) one per bucket of the same plan the collectives use, which with
 //      kAutoBucketBytes is one message per dtype.
-// Tags: each call takes a block of kTagsPerCall tags from a per-(group, peer, direction, tag)
-// counter that runs in step on both sides, so back-to-back and overlapping transfers between
-// the same two ranks cannot take each other's messages.
+// Tags: each call takes a block of tags from its group's TagSpace (runtime/tags.hpp), whose
+// per-(peer, direction, user tag) counter runs in step on both sides, so back-to-back and
+// overlapping transfers between the same two ranks, and calls with different user tags, cannot
+// take each other's messages.
 #include <array>
 #include <climits>
 #include <functional>
@@ -36,10 +37,6 @@ namespace {
 using detail::LeafRef;
 using detail::WorkState;
 using Clock = std::chrono::steady_clock;
-
-constexpr int kTagsPerCall = 1024;  // handshake (2), description (2), then one per message
-constexpr int kFirstDataTag = 4;
-constexpr int kCallsPerTag = 64;  // calls in flight per (peer, direction, user tag)
 
 // ---- what travels ---------------------------------------------------------------------------
 
@@ -110,47 +107,6 @@ std::string difference(const std::string& mine, const std::string& theirs, const
                      them);
 }
 
-// ---- tags -----------------------------------------------------------------------------------
-
-// Calls to one peer are numbered on both sides (the sender's n-th send to a peer with a given
-// user tag meets the peer's n-th recv from it with that tag). Kept per group: a group freed and
-// another created at the same address starts again from zero, as its peers do.
-struct PeerCounters {
-  std::weak_ptr<detail::GroupState> group;
-  std::map<std::tuple<int, bool, int>, unsigned> next;  // (peer, we send, user tag) -> calls
-};
-std::mutex g_tags_mu;
-std::map<const detail::GroupState*, PeerCounters> g_tags;
-
-int next_tag_base(const std::shared_ptr<detail::GroupState>& g, int peer, bool sending,
-                  int user_tag) {
-  int* ub = nullptr;
-  int flag = 0;
-  TD_MPI_CHECK(MPI_Comm_get_attr(g->comm, MPI_TAG_UB, &ub, &flag));
-  const long long tag_ub = flag && ub ? *ub : 32767;
-  const long long slots = std::max(1LL, tag_ub / kTagsPerCall);
-  std::lock_guard lock(g_tags_mu);
-  std::erase_if(g_tags, [](const auto& e) { return e.second.group.expired(); });
-  PeerCounters& pc = g_tags[g.get()];
-  if (pc.group.lock() != g) pc = PeerCounters{g, {}};
-  const unsigned n = pc.next[{peer, sending, user_tag}]++;
-  // Transfers in the two directions between the same two ranks get different tag blocks (both
-  // sides of one transfer compute the same direction bit): otherwise a transfer from A to B and
-  // one from B to A, started at once, post messages with equal tags to each other (the layout
-  // descriptions after a mismatch travel both ways), and MPI may match either with either.
-  const int sender = sending ? g->rank : peer;
-  const int receiver = sending ? peer : g->rank;
-  const long long direction = sender < receiver ? 1 : 0;
-  const long long slot =
-      ((static_cast<long long>(user_tag) * kCallsPerTag + n % kCallsPerTag) * 2 + direction) %
-      slots;
-  return static_cast<int>(slot * kTagsPerCall);
-}
-
-int data_tag(int base, std::size_t message) {
-  return base + kFirstDataTag + static_cast<int>(message % (kTagsPerCall - kFirstDataTag));
-}
-
 // ---- the transfer ---------------------------------------------------------------------------
 
 struct Peer {
@@ -178,7 +134,7 @@ Peer start_peer_call(int peer, std::string_view what, const char* peer_name, boo
   if (user_tag < 0 || user_tag >= kMaxUserTag)
     throw std::invalid_argument(
         fmt::format("{}: tag {} is out of range [0, {})", what, user_tag, kMaxUserTag));
-  const int base = next_tag_base(g, peer, sending, user_tag);
+  const int base = g->tags->next_call_block(g->rank, peer, sending, user_tag, what);
   return {std::move(g), comm, peer, base, std::string(what)};
 }
 
@@ -223,14 +179,12 @@ void post_data(WorkState& w, const std::shared_ptr<Transfer>& x, std::uint64_t c
     const MPI_Datatype type = detail::mpi_datatype(bk.dtype);
     detail::for_each_message(
         bk.nbytes, bk.dtype, plan->max_message_bytes, [&](std::size_t off, int count) {
-          w.requests.push_back(MPI_REQUEST_NULL);
-          const int tag = data_tag(p.base, message++);
+          const int tag = p.group->tags->data_tag(p.base, message++);
           if (sending) {
-            TD_MPI_CHECK(
-                MPI_Isend(data + off, count, type, p.rank, tag, p.comm, &w.requests.back()));
+            detail::post_into(w, detail::send_call(data + off, count, type, p.rank, tag, p.comm));
           } else {
-            TD_MPI_CHECK(
-                MPI_Irecv(data + off, count, type, p.rank, tag, p.comm, &w.requests.back()));
+            detail::post_into(w, detail::recv_call(data + off, count, type, p.rank, tag, p.comm),
+                              "data");
           }
         });
   }
@@ -252,19 +206,20 @@ void swap_descriptions(WorkState& w, const std::shared_ptr<Transfer>& x, const P
   w.held.push_back(lengths);
   // Tags base+2 (length) and base+3 (text): both directions use the same tags, which is fine
   // since each side receives only from the other.
-  w.requests.resize(3, MPI_REQUEST_NULL);
-  TD_MPI_CHECK(
-      MPI_Isend(&(*lengths)[0], 1, MPI_UINT64_T, p.rank, p.base + 2, p.comm, &w.requests[0]));
-  TD_MPI_CHECK(MPI_Isend(mine->data(), static_cast<int>(mine->size()), MPI_CHAR, p.rank, p.base + 3,
-                         p.comm, &w.requests[1]));
-  TD_MPI_CHECK(
-      MPI_Irecv(&(*lengths)[1], 1, MPI_UINT64_T, p.rank, p.base + 2, p.comm, &w.requests[2]));
+  detail::post_into(w,
+                    detail::send_call(&(*lengths)[0], 1, MPI_UINT64_T, p.rank, p.base + 2, p.comm));
+  detail::post_into(w, detail::send_call(mine->data(), static_cast<int>(mine->size()), MPI_CHAR,
+                                         p.rank, p.base + 3, p.comm));
+  detail::post_into(w,
+                    detail::recv_call(&(*lengths)[1], 1, MPI_UINT64_T, p.rank, p.base + 2, p.comm),
+                    "layout description length");
   w.then = [p, mine, lengths, them, fail = std::move(fail)](WorkState& w2) {
     auto theirs = std::make_shared<std::string>((*lengths)[1], '\0');
     w2.held.push_back(theirs);
-    w2.requests.push_back(MPI_REQUEST_NULL);
-    TD_MPI_CHECK(MPI_Irecv(theirs->data(), static_cast<int>(theirs->size()), MPI_CHAR, p.rank,
-                           p.base + 3, p.comm, &w2.requests.back()));
+    detail::post_into(w2,
+                      detail::recv_call(theirs->data(), detail::mpi_count(theirs->size(), p.what),
+                                        MPI_CHAR, p.rank, p.base + 3, p.comm),
+                      "layout description");
     w2.then = [mine, theirs, them, fail](WorkState&) { fail(difference(*mine, *theirs, them)); };
   };
 }
@@ -299,6 +254,7 @@ TransferState begin_transfer(std::span<const LeafRef> leaves, int peer, std::str
                        p.group->size);
   };
   t.st->keep_alive = t.x->tensors;
+  t.st->what = what;
   t.st->held.push_back(t.header);
   t.st->held.push_back(t.verdict);
   return t;
@@ -332,10 +288,10 @@ Work start_send(std::span<const LeafRef> leaves, int dst, const CollectiveOption
       begin_transfer(leaves, dst, what, /*sending=*/true, opts, std::move(local_error));
   const Peer& p = t.p;
   *t.header = {t.x->error.empty() ? fingerprint(*t.x) : 0, cap};
-  t.st->requests.resize(2, MPI_REQUEST_NULL);
-  TD_MPI_CHECK(
-      MPI_Isend(t.header->data(), 2, MPI_UINT64_T, dst, p.base, p.comm, &t.st->requests[0]));
-  TD_MPI_CHECK(MPI_Irecv(t.verdict.get(), 1, MPI_INT, dst, p.base + 1, p.comm, &t.st->requests[1]));
+  detail::post_into(*t.st,
+                    detail::send_call(t.header->data(), 2, MPI_UINT64_T, dst, p.base, p.comm));
+  detail::post_into(*t.st, detail::recv_call(t.verdict.get(), 1, MPI_INT, dst, p.base + 1, p.comm),
+                    "verdict");
   t.st->then = [x = t.x, p, cap, verdict = t.verdict](WorkState& w) {
     if (*verdict == 1) {
       post_data(w, x, cap, /*sending=*/true, p);
@@ -351,16 +307,13 @@ Work start_recv(std::span<const LeafRef> leaves, int src, const CollectiveOption
   TransferState t =
       begin_transfer(leaves, src, what, /*sending=*/false, opts, std::move(local_error));
   const Peer& p = t.p;
-  t.st->requests.resize(1, MPI_REQUEST_NULL);
-  TD_MPI_CHECK(
-      MPI_Irecv(t.header->data(), 2, MPI_UINT64_T, src, p.base, p.comm, &t.st->requests[0]));
+  detail::post_into(
+      *t.st, detail::recv_call(t.header->data(), 2, MPI_UINT64_T, src, p.base, p.comm), "header");
   t.st->then = [x = t.x, p, header = t.header, verdict = t.verdict](WorkState& w) {
     const auto [theirs, cap] = *header;
     const bool ok = x->error.empty() && theirs != 0 && theirs == fingerprint(*x);
     *verdict = ok ? 1 : 0;
-    w.requests.push_back(MPI_REQUEST_NULL);
-    TD_MPI_CHECK(
-        MPI_Isend(verdict.get(), 1, MPI_INT, p.rank, p.base + 1, p.comm, &w.requests.back()));
+    detail::post_into(w, detail::send_call(verdict.get(), 1, MPI_INT, p.rank, p.base + 1, p.comm));
     if (ok) {
       post_data(w, x, cap, /*sending=*/false, p);
       return;

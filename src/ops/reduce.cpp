@@ -47,23 +47,29 @@ void run_sparse(Tensor& leaf, const CollectiveCall& call, GroupState& g) {
     return static_cast<int>(n);
   };
   if (call.kind == CollectiveKind::Broadcast) {
-    TD_MPI_CHECK(MPI_Bcast(&nnz, 1, MPI_INT64_T, call.root, g.comm));
+    detail::post(detail::bcast_call(&nnz, 1, MPI_INT64_T, call.root, g.comm), nullptr);
     if (!root) {
       entries = Tensor::empty({nnz, ndim}, DType::Int64);
       values = Tensor::empty({nnz}, dtype);
     }
-    TD_MPI_CHECK(MPI_Bcast(entries.raw_data(), to_int(nnz * ndim), MPI_INT64_T, call.root, g.comm));
-    TD_MPI_CHECK(MPI_Bcast(values.raw_data(), to_int(nnz), vtype, call.root, g.comm));
+    detail::post(
+        detail::bcast_call(entries.raw_data(), to_int(nnz * ndim), MPI_INT64_T, call.root, g.comm),
+        nullptr);
+    detail::post(detail::bcast_call(values.raw_data(), to_int(nnz), vtype, call.root, g.comm),
+                 nullptr);
     if (!root) finish(entries, values, nnz);
     return;
   }
   const bool gathers = call.kind == CollectiveKind::AllReduce || root;
   std::vector<std::int64_t> counts(static_cast<std::size_t>(g.size));
   if (call.kind == CollectiveKind::AllReduce) {
-    TD_MPI_CHECK(MPI_Allgather(&nnz, 1, MPI_INT64_T, counts.data(), 1, MPI_INT64_T, g.comm));
+    detail::post(
+        detail::allgather_call(&nnz, 1, MPI_INT64_T, counts.data(), 1, MPI_INT64_T, g.comm),
+        nullptr);
   } else {
-    TD_MPI_CHECK(
-        MPI_Gather(&nnz, 1, MPI_INT64_T, counts.data(), 1, MPI_INT64_T, call.root, g.comm));
+    detail::post(
+        detail::gather_call(&nnz, 1, MPI_INT64_T, counts.data(), 1, MPI_INT64_T, call.root, g.comm),
+        nullptr);
   }
   std::vector<int> ecount(counts.size()), edispl(counts.size()), vcount(counts.size()),
       vdispl(counts.size());
@@ -81,17 +87,22 @@ void run_sparse(Tensor& leaf, const CollectiveCall& call, GroupState& g) {
   Tensor all_entries = Tensor::empty({gathers ? total * ndim : 0}, DType::Int64);
   Tensor all_values = Tensor::empty({gathers ? total : 0}, dtype);
   if (call.kind == CollectiveKind::AllReduce) {
-    TD_MPI_CHECK(MPI_Allgatherv(entries.raw_data(), to_int(nnz * ndim), MPI_INT64_T,
-                                all_entries.raw_data(), ecount.data(), edispl.data(), MPI_INT64_T,
-                                g.comm));
-    TD_MPI_CHECK(MPI_Allgatherv(values.raw_data(), to_int(nnz), vtype, all_values.raw_data(),
-                                vcount.data(), vdispl.data(), vtype, g.comm));
+    detail::post(detail::allgatherv_call(entries.raw_data(), to_int(nnz * ndim), MPI_INT64_T,
+                                         all_entries.raw_data(), ecount.data(), edispl.data(),
+                                         MPI_INT64_T, g.comm),
+                 nullptr);
+    detail::post(
+        detail::allgatherv_call(values.raw_data(), to_int(nnz), vtype, all_values.raw_data(),
+                                vcount.data(), vdispl.data(), vtype, g.comm),
+        nullptr);
   } else {
-    TD_MPI_CHECK(MPI_Gatherv(entries.raw_data(), to_int(nnz * ndim), MPI_INT64_T,
-                             all_entries.raw_data(), ecount.data(), edispl.data(), MPI_INT64_T,
-                             call.root, g.comm));
-    TD_MPI_CHECK(MPI_Gatherv(values.raw_data(), to_int(nnz), vtype, all_values.raw_data(),
-                             vcount.data(), vdispl.data(), vtype, call.root, g.comm));
+    detail::post(detail::gatherv_call(entries.raw_data(), to_int(nnz * ndim), MPI_INT64_T,
+                                      all_entries.raw_data(), ecount.data(), edispl.data(),
+                                      MPI_INT64_T, call.root, g.comm),
+                 nullptr);
+    detail::post(detail::gatherv_call(values.raw_data(), to_int(nnz), vtype, all_values.raw_data(),
+                                      vcount.data(), vdispl.data(), vtype, call.root, g.comm),
+                 nullptr);
   }
   if (gathers) finish(all_entries, all_values, total);
 }

@@ -86,6 +86,11 @@ struct Reducer::Impl {
   std::unordered_map<std::string, std::vector<std::size_t>> members;  // key -> leaves
   std::size_t next = 0;  // first bucket not launched in this step
   bool in_step = false;
+  // Whether this step's buckets go to the progress thread, decided once per step: buckets must
+  // be posted in bucket order on every rank, and a bucket queued on the thread is posted only
+  // when the thread gets to it, so a step that mixed the two (set_async_progress toggled between
+  // two mark_ready calls) could post bucket 1 before bucket 0 and sum buckets crosswise.
+  bool step_on_thread = false;
   std::string layout_error;  // a layout change found in this step: finish() throws it
   std::string failure;       // a failed finish(): every later call throws it
   std::uint64_t generation = 0, stamp = 0;
@@ -177,6 +182,7 @@ struct Reducer::Impl {
 
   void begin_step() {
     in_step = true;
+    step_on_thread = async_progress_enabled();
     layout_error = find_layout_change();
   }
 
@@ -209,7 +215,7 @@ struct Reducer::Impl {
       if (ib.squeeze) ib.compress_into_wire(call, size);
       ib.start(call, *l, max, &s.requests);
     };
-    if (async_progress_enabled()) {
+    if (step_on_thread) {
       st->then = std::move(post);
     } else {
       post(*st);
@@ -222,13 +228,14 @@ struct Reducer::Impl {
   // while it polls, each MPI call of this thread waits on Open MPI's locks.
   void launch_ready(bool all = false) {
     launched.clear();
+    const auto mode = step_on_thread ? detail::ProgressMode::Thread : detail::ProgressMode::Manual;
     try {
       while (next < buckets.size() && (all || buckets[next].pending == 0)) launch(next++);
     } catch (...) {
-      if (!launched.empty()) detail::progress_add(launched);
+      if (!launched.empty()) detail::progress_add(launched, mode);
       throw;
     }
-    if (!launched.empty()) detail::progress_add(launched);
+    if (!launched.empty()) detail::progress_add(launched, mode);
   }
 
   void reset_step() {

@@ -33,6 +33,7 @@
 
 #include "comm/collective_engine.hpp"
 #include "comm/dict_wire.hpp"
+#include "comm/tail_guard.hpp"
 
 namespace td {
 
@@ -43,8 +44,10 @@ using detail::CollectiveKind;
 using detail::DictLayout;
 using Clock = std::chrono::steady_clock;
 
-// A sender's size record: [0] bytes of its encoded layout, [1 + k] bytes of its dtype-k stream.
-constexpr int kSizeWords = 1 + static_cast<int>(kNumDTypes);
+// A sender's size record: [0] bytes of its encoded layout, [1 + k] bytes of its dtype-k stream,
+// [kGuardWord] the tail guard of its messages (collectives only: comm/tail_guard.hpp).
+constexpr int kSizeWords = 2 + static_cast<int>(kNumDTypes);
+constexpr std::size_t kGuardWord = 1 + kNumDTypes;
 using Sizes = std::array<std::uint64_t, kSizeWords>;
 
 DType dtype_at(std::size_t k) { return static_cast<DType>(k); }
@@ -146,6 +149,59 @@ void post_stream_in(const DictLayout& layout, std::size_t k, std::uint64_t nbyte
     post(data + seg.offset * isz, seg.count * isz);
 }
 
+// Where one MPI call of the data phase reads or writes.
+using Region = std::span<std::byte>;
+using StreamMessages = std::array<std::vector<Region>, kNumDTypes>;
+
+// Cuts (data, nbytes) of dtype k into the messages MPI takes (INT_MAX elements at most).
+void cut_messages(std::byte* data, std::uint64_t nbytes, std::size_t k, std::vector<Region>& out) {
+  detail::for_each_message(nbytes, dtype_at(k), SIZE_MAX, [&](std::size_t off, int count) {
+    out.emplace_back(data + off, static_cast<std::size_t>(count) * itemsize(dtype_at(k)));
+  });
+}
+
+// The sender's messages of every stream of `o`, as it posts them (post_stream_out), packed into
+// `hold` where needed: prepared before its size record goes out, which carries their guard.
+StreamMessages messages_out(const Outgoing& o, std::uint64_t mask, Hold& hold) {
+  StreamMessages out;
+  for (std::size_t k = 0; k < kNumDTypes; ++k) {
+    if (o.sizes[1 + k] == 0) continue;
+    post_stream_out(o, k, mask, hold,
+                    [&](std::byte* data, std::uint64_t n) { cut_messages(data, n, k, out[k]); });
+  }
+  return out;
+}
+
+// The receiver's messages of stream k (the same cuts as the sender's) into `data`.
+std::vector<Region> messages_in(const DictLayout& layout, std::size_t k, std::uint64_t nbytes,
+                                std::uint64_t mask, std::byte* data) {
+  std::vector<Region> out;
+  post_stream_in(layout, k, nbytes, mask, data,
+                 [&](std::byte* at, std::uint64_t n) { cut_messages(at, n, k, out); });
+  return out;
+}
+
+// The guard a sender announces for its metadata and data messages.
+std::uint64_t guard_of(const std::vector<std::byte>& meta, const StreamMessages& data) {
+  std::vector<std::span<const std::byte>> all;
+  all.emplace_back(meta.data(), meta.size());
+  for (const auto& msgs : data)
+    for (const Region& r : msgs) all.emplace_back(r.data(), r.size());
+  return detail::TailGuard::choose(all).word();
+}
+
+// A receiver's check of regions a collective filled from rank `rank`: the first one that still
+// ends with the sender's canary is a short message.
+void check_filled(const detail::TailGuard& guard, std::span<const Region> regions, int rank,
+                  std::uint64_t announced, std::string_view what, std::string_view phase) {
+  for (const Region& r : regions)
+    if (guard.short_message(r))
+      throw Error(fmt::format(
+          "{}: rank {} sent less {} than the {} bytes it announced (a short message: the end of "
+          "a {}-byte receive was never written); the transfer is rejected",
+          what, rank, phase, announced, r.size()));
+}
+
 // A segment mask from a peer: bits of dtypes only.
 void check_mask(std::uint64_t mask, int rank, std::string_view what) {
   if (mask >> kNumDTypes != 0)
@@ -175,12 +231,6 @@ Agreed agree_call(CollectiveKind kind, int root, std::string_view what,
       {}, CollectiveCall{kind, ReduceOp::SUM, root, what, /*from_dict=*/false}, opts,
       std::move(err));
   return {std::move(prepared.group), prepared.deadline};
-}
-
-void wait_all(std::vector<MPI_Request>& reqs, Clock::time_point deadline,
-              const std::function<std::string()>& describe, const std::shared_ptr<Hold>& hold) {
-  for (auto& r : reqs) detail::wait_until(r, deadline, describe, hold);
-  reqs.clear();
 }
 
 // A peer's size record, checked the same way on every rank that holds it.
@@ -227,10 +277,10 @@ void agree_status(const detail::GroupState& g, const std::exception_ptr& local,
   const std::function<std::string()> describe = [&] {
     return fmt::format("{}: the metadata check of a group of {} did not complete", what, g.size);
   };
-  std::vector<MPI_Request> reqs(1, MPI_REQUEST_NULL);
-  TD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, hold->words.data(), 1, MPI_UINT64_T, MPI_MAX, g.comm,
-                              reqs.data()));
-  wait_all(reqs, deadline, describe, hold);
+  detail::Step step(deadline, describe, hold, what);
+  step.post(
+      detail::allreduce_call(MPI_IN_PLACE, hold->words.data(), 1, MPI_UINT64_T, MPI_MAX, g.comm));
+  step.wait();
   if (hold->words[0] == 0) return;
   const int rejecting = static_cast<int>(hold->words[0] - 1);
   auto& text = hold->bytes.emplace_back();
@@ -244,14 +294,12 @@ void agree_status(const detail::GroupState& g, const std::exception_ptr& local,
     }
   }
   hold->words.assign(1, text.size());
-  reqs.assign(1, MPI_REQUEST_NULL);
-  TD_MPI_CHECK(MPI_Ibcast(hold->words.data(), 1, MPI_UINT64_T, rejecting, g.comm, reqs.data()));
-  wait_all(reqs, deadline, describe, hold);
+  step.post(detail::bcast_call(hold->words.data(), 1, MPI_UINT64_T, rejecting, g.comm));
+  step.wait();
   text.resize(hold->words[0]);
-  reqs.assign(1, MPI_REQUEST_NULL);
-  TD_MPI_CHECK(MPI_Ibcast(text.data(), detail::mpi_count(text.size(), what), MPI_BYTE, rejecting,
-                          g.comm, reqs.data()));
-  wait_all(reqs, deadline, describe, hold);
+  step.post(detail::bcast_call(text.data(), detail::mpi_count(text.size(), what), MPI_BYTE,
+                               rejecting, g.comm));
+  step.wait();
   if (g.rank == rejecting) std::rethrow_exception(local);
   throw Error(std::string(reinterpret_cast<const char*>(text.data()), text.size()));
 }
@@ -311,6 +359,7 @@ std::vector<TensorDict> gather_dicts_impl(const TensorDict& value, bool all, int
   const auto& g = agreed.group;
   const Clock::time_point deadline = agreed.deadline;
   const auto size = static_cast<std::size_t>(g->size);
+  const auto me = static_cast<std::size_t>(g->rank);
   const bool receives = all || g->rank == dst;
   const MPI_Comm comm = g->comm;
   auto hold = std::make_shared<Hold>();
@@ -318,75 +367,112 @@ std::vector<TensorDict> gather_dicts_impl(const TensorDict& value, bool all, int
     return fmt::format("{} in a group of {} ranks", what, g->size);
   };
 
+  // This rank's streams (one message each: a v-collective takes one buffer per rank) and the
+  // guard of its messages, before its size record goes out.
+  hold->tensors.insert(hold->tensors.end(), out->tensors.begin(), out->tensors.end());
+  StreamMessages mine;
+  for (std::size_t k = 0; k < kNumDTypes; ++k)
+    if (out->sizes[1 + k] > 0) mine[k].emplace_back(stream_data(*out, k, *hold), out->sizes[1 + k]);
+  out->sizes[kGuardWord] = guard_of(out->meta, mine);
+
   // Sizes: every rank needs every record (to know which per-dtype calls follow).
   hold->words.resize(size * kSizeWords);
-  std::vector<MPI_Request> reqs(1, MPI_REQUEST_NULL);
-  TD_MPI_CHECK(MPI_Iallgather(out->sizes.data(), kSizeWords, MPI_UINT64_T, hold->words.data(),
-                              kSizeWords, MPI_UINT64_T, comm, reqs.data()));
-  wait_all(reqs, deadline, describe, hold);
+  detail::Step step(deadline, describe, hold, what);
+  step.post(detail::allgather_call(out->sizes.data(), kSizeWords, MPI_UINT64_T, hold->words.data(),
+                                   kSizeWords, MPI_UINT64_T, comm));
+  step.wait();
   std::vector<Sizes> table(size);
   for (std::size_t r = 0; r < size; ++r) {
     std::copy_n(hold->words.begin() + static_cast<std::ptrdiff_t>(r * kSizeWords), kSizeWords,
                 table[r].begin());
     check_sizes(table[r], static_cast<int>(r), what);
   }
+  // Every count of the call, before anything is posted: a count beyond INT_MAX throws on every
+  // rank alike (they hold the same table), with no request of this call pending.
+  const VCounts mc = v_counts(table, 0, 1, what);
+  std::vector<VCounts> per_dtype(kNumDTypes);
+  const std::vector<std::size_t> data_dtypes = dtypes_in(table);
+  for (const std::size_t k : data_dtypes)
+    per_dtype[k] = v_counts(table, 1 + k, itemsize(dtype_at(k)), what);
+
+  // The region of rank r's part of a receive buffer of v-collective `v`.
+  auto region_of = [&](std::byte* base, const VCounts& v, std::size_t r, std::size_t isz) {
+    return Region(base + static_cast<std::size_t>(v.displs[r]) * isz,
+                  static_cast<std::size_t>(v.counts[r]) * isz);
+  };
+  // Checks every rank's part of a filled receive buffer against that rank's guard.
+  auto check_parts = [&](std::byte* base, const VCounts& v, std::size_t word, std::size_t isz,
+                         const std::string& phase) {
+    for (std::size_t r = 0; r < size; ++r)
+      check_filled(detail::TailGuard(table[r][kGuardWord]), std::array{region_of(base, v, r, isz)},
+                   static_cast<int>(r), table[r][word], what, phase);
+  };
 
   // Metadata.
-  const VCounts mc = v_counts(table, 0, 1, what);
   auto& meta_all = hold->bytes.emplace_back(receives ? static_cast<std::size_t>(mc.total) : 0);
-  reqs.assign(1, MPI_REQUEST_NULL);
-  const int my_meta = mc.counts[static_cast<std::size_t>(g->rank)];
+  if (receives)
+    for (std::size_t r = 0; r < size; ++r)
+      detail::TailGuard(table[r][kGuardWord]).arm(region_of(meta_all.data(), mc, r, 1));
+  const int my_meta = mc.counts[me];
   if (all) {
-    TD_MPI_CHECK(MPI_Iallgatherv(out->meta.data(), my_meta, MPI_BYTE, meta_all.data(),
-                                 mc.counts.data(), mc.displs.data(), MPI_BYTE, comm, reqs.data()));
+    step.post(detail::allgatherv_call(out->meta.data(), my_meta, MPI_BYTE, meta_all.data(),
+                                      mc.counts.data(), mc.displs.data(), MPI_BYTE, comm));
   } else {
-    TD_MPI_CHECK(MPI_Igatherv(out->meta.data(), my_meta, MPI_BYTE, meta_all.data(),
-                              mc.counts.data(), mc.displs.data(), MPI_BYTE, dst, comm,
-                              reqs.data()));
+    step.post(detail::gatherv_call(out->meta.data(), my_meta, MPI_BYTE, meta_all.data(),
+                                   mc.counts.data(), mc.displs.data(), MPI_BYTE, dst, comm));
   }
-  wait_all(reqs, deadline, describe, hold);
+  step.wait();
   std::vector<DictLayout> layouts;
   std::exception_ptr failed;
   if (receives) {
     try {
+      check_parts(meta_all.data(), mc, 0, 1, "metadata");
       for (std::size_t r = 0; r < size; ++r)
-        layouts.push_back(
-            decode_checked(std::span(meta_all).subspan(static_cast<std::size_t>(mc.displs[r]),
-                                                       static_cast<std::size_t>(mc.counts[r])),
-                           table[r], static_cast<int>(r), what));
+        layouts.push_back(decode_checked(region_of(meta_all.data(), mc, r, 1), table[r],
+                                         static_cast<int>(r), what));
     } catch (...) {
       failed = std::current_exception();
     }
   }
-  // all_gather: every rank decoded the same bytes, so every rank reached the same verdict.
-  if (all && failed) std::rethrow_exception(failed);
-  if (!all) agree_status(*g, failed, deadline, what);
+  // Even where every rank decoded the same bytes, one status round: a short message is seen only
+  // by the ranks it reached unfilled.
+  agree_status(*g, failed, deadline, what);
 
   // Data: one exact-size v-collective per dtype that some rank sends.
   std::array<Tensor, kNumDTypes> big;
-  std::vector<VCounts> per_dtype(kNumDTypes);
-  for (const std::size_t k : dtypes_in(table)) {
+  for (const std::size_t k : data_dtypes) {
     const DType dtype = dtype_at(k);
-    VCounts& v = per_dtype[k] = v_counts(table, 1 + k, itemsize(dtype), what);
+    const std::size_t isz = itemsize(dtype);
+    const VCounts& v = per_dtype[k];
     std::byte* recv = nullptr;
     if (receives) {
       big[k] = Tensor::empty({v.total}, dtype);
+      hold->tensors.push_back(big[k]);
       recv = static_cast<std::byte*>(big[k].raw_data());
+      for (std::size_t r = 0; r < size; ++r)
+        detail::TailGuard(table[r][kGuardWord]).arm(region_of(recv, v, r, isz));
     }
-    const int mine = v.counts[static_cast<std::size_t>(g->rank)];
-    std::byte* send = mine > 0 ? stream_data(*out, k, *hold) : recv;
-    hold->tensors.push_back(big[k]);
+    std::byte* send = mine[k].empty() ? recv : mine[k][0].data();
     const MPI_Datatype type = detail::mpi_datatype(dtype);
-    reqs.push_back(MPI_REQUEST_NULL);
     if (all) {
-      TD_MPI_CHECK(MPI_Iallgatherv(send, mine, type, recv, v.counts.data(), v.displs.data(), type,
-                                   comm, &reqs.back()));
+      step.post(detail::allgatherv_call(send, v.counts[me], type, recv, v.counts.data(),
+                                        v.displs.data(), type, comm));
     } else {
-      TD_MPI_CHECK(MPI_Igatherv(send, mine, type, recv, v.counts.data(), v.displs.data(), type, dst,
-                                comm, &reqs.back()));
+      step.post(detail::gatherv_call(send, v.counts[me], type, recv, v.counts.data(),
+                                     v.displs.data(), type, dst, comm));
     }
   }
-  wait_all(reqs, deadline, describe, hold);
+  step.wait();
+  if (receives) {
+    try {
+      for (const std::size_t k : data_dtypes)
+        check_parts(static_cast<std::byte*>(big[k].raw_data()), per_dtype[k], 1 + k,
+                    itemsize(dtype_at(k)), fmt::format("{} data", name(dtype_at(k))));
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  }
+  agree_status(*g, failed, deadline, what);
   std::vector<TensorDict> result;
   if (!receives) return result;
   for (std::size_t r = 0; r < size; ++r) {
@@ -408,18 +494,6 @@ constexpr std::size_t kFirstSizeWord = 3;
 constexpr std::uint64_t kOk = 0, kBadArgument = 1, kFailed = 2;
 // The receiver's answer: [0] one of the above, then its error text (NUL-terminated).
 constexpr int kAckBytes = 512;
-
-// Tags above the blocks TensorDict::send/recv use (point_to_point.cpp takes blocks of 1024 tags
-// below floor(tag_ub / 1024) * 1024): the remaining top tags are ours, one per user tag modulo
-// their number.
-int transport_tag(MPI_Comm comm, int user_tag) {
-  int* ub = nullptr;
-  int flag = 0;
-  MPI_Comm_get_attr(comm, MPI_TAG_UB, static_cast<void*>(&ub), &flag);
-  const long long tag_ub = flag && ub ? *ub : 32767;
-  const long long base = tag_ub / 1024 * 1024;
-  return static_cast<int>(base + user_tag % (tag_ub - base + 1));
-}
 
 struct Peer {
   std::shared_ptr<detail::GroupState> g;
@@ -445,7 +519,7 @@ Peer peer_of(int peer, std::string_view what, std::string_view role, const Colle
   const int user_tag = opts.tag.value_or(0);
   if ((user_tag < 0 || user_tag >= kMaxUserTag) && err.empty())
     err = fmt::format("tag {} is out of range [0, {})", user_tag, kMaxUserTag);
-  p.tag = transport_tag(p.g->comm, std::clamp(user_tag, 0, kMaxUserTag - 1));
+  p.tag = p.g->tags->transport(std::clamp(user_tag, 0, kMaxUserTag - 1));
   if (err.empty()) err = option_error(opts);
   return p;
 }
@@ -475,31 +549,39 @@ TensorDict broadcast_dict(const TensorDict& value, int src, const CollectiveOpti
     return fmt::format("{} from rank {} in a group of {} ranks", what, src, g->size);
   };
 
-  // The size record, then the segment mask (which streams go one message per leaf).
+  // The size record (with the guard of every message that follows), then the segment mask
+  // (which streams go one message per leaf). The source prepares its messages first.
+  StreamMessages msgs;
   hold->words.assign(kSizeWords + 1, 0);
   if (is_src) {
+    const std::uint64_t mask = segment_mask(*out);
+    // The leaves' own memory is sent in place: held like every buffer a request touches.
+    hold->tensors.insert(hold->tensors.end(), out->tensors.begin(), out->tensors.end());
+    msgs = messages_out(*out, mask, *hold);
+    out->sizes[kGuardWord] = guard_of(out->meta, msgs);
     std::copy(out->sizes.begin(), out->sizes.end(), hold->words.begin());
-    hold->words[kSizeWords] = segment_mask(*out);
+    hold->words[kSizeWords] = mask;
   }
-  std::vector<MPI_Request> reqs(1, MPI_REQUEST_NULL);
-  TD_MPI_CHECK(
-      MPI_Ibcast(hold->words.data(), kSizeWords + 1, MPI_UINT64_T, src, comm, reqs.data()));
-  wait_all(reqs, deadline, describe, hold);
+  detail::Step step(deadline, describe, hold, what);
+  step.post(detail::bcast_call(hold->words.data(), kSizeWords + 1, MPI_UINT64_T, src, comm));
+  step.wait();
   Sizes sizes{};
   std::copy_n(hold->words.begin(), kSizeWords, sizes.begin());
   const std::uint64_t per_segment = hold->words[kSizeWords];
   check_sizes(sizes, src, what);
   check_mask(per_segment, src, what);
+  const detail::TailGuard guard(sizes[kGuardWord]);
 
   auto& meta = hold->bytes.emplace_back(is_src ? out->meta : std::vector<std::byte>(sizes[0]));
-  reqs.assign(1, MPI_REQUEST_NULL);
-  TD_MPI_CHECK(
-      MPI_Ibcast(meta.data(), detail::mpi_count(sizes[0], what), MPI_BYTE, src, comm, reqs.data()));
-  wait_all(reqs, deadline, describe, hold);
+  if (!is_src) guard.arm(meta);
+  step.post(
+      detail::bcast_call(meta.data(), detail::mpi_count(sizes[0], what), MPI_BYTE, src, comm));
+  step.wait();
   DictLayout layout;
   std::exception_ptr failed;
   if (!is_src) {
     try {
+      check_filled(guard, std::array{Region(meta)}, src, sizes[0], what, "metadata");
       layout = decode_checked(meta, sizes, src, what);
     } catch (...) {
       failed = std::current_exception();
@@ -511,23 +593,31 @@ TensorDict broadcast_dict(const TensorDict& value, int src, const CollectiveOpti
   for (std::size_t k = 0; k < kNumDTypes; ++k) {
     if (sizes[1 + k] == 0) continue;
     const DType dtype = dtype_at(k);
-    const MPI_Datatype type = detail::mpi_datatype(dtype);
-    auto post = [&](std::byte* p, std::uint64_t nbytes) {
-      detail::for_each_message(nbytes, dtype, SIZE_MAX, [&](std::size_t off, int count) {
-        reqs.push_back(MPI_REQUEST_NULL);
-        TD_MPI_CHECK(MPI_Ibcast(p + off, count, type, src, comm, &reqs.back()));
-      });
-    };
-    if (is_src) {
-      post_stream_out(*out, k, per_segment, *hold, post);
-      continue;
+    if (!is_src) {
+      streams[k] =
+          Tensor::empty({static_cast<std::int64_t>(sizes[1 + k] / itemsize(dtype))}, dtype);
+      hold->tensors.push_back(streams[k]);
+      msgs[k] = messages_in(layout, k, sizes[1 + k], per_segment,
+                            static_cast<std::byte*>(streams[k].raw_data()));
     }
-    streams[k] = Tensor::empty({static_cast<std::int64_t>(sizes[1 + k] / itemsize(dtype))}, dtype);
-    hold->tensors.push_back(streams[k]);
-    post_stream_in(layout, k, sizes[1 + k], per_segment,
-                   static_cast<std::byte*>(streams[k].raw_data()), post);
+    const MPI_Datatype type = detail::mpi_datatype(dtype);
+    for (const Region& r : msgs[k]) {
+      if (!is_src) guard.arm(r);
+      step.post(detail::bcast_call(r.data(), static_cast<int>(r.size() / itemsize(dtype)), type,
+                                   src, comm));
+    }
   }
-  wait_all(reqs, deadline, describe, hold);
+  step.wait();
+  if (!is_src) {
+    try {
+      for (std::size_t k = 0; k < kNumDTypes; ++k)
+        check_filled(guard, msgs[k], src, sizes[1 + k], what,
+                     fmt::format("{} data", name(dtype_at(k))));
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  }
+  agree_status(*g, failed, deadline, what);
   if (is_src) return value;
   return result_of(layout, streams, {}, what);
 }
@@ -570,6 +660,35 @@ TensorDict scatter_dicts(const std::vector<TensorDict>& parts, int src,
     return fmt::format("{} from rank {} in a group of {} ranks", what, src, g->size);
   };
 
+  // The source packs every dtype's parts rank after rank (what the v-collective sends) and gives
+  // each part the guard of its own messages, before the records go out.
+  std::array<Tensor, kNumDTypes> packed;
+  if (is_src) {
+    std::vector<StreamMessages> part_msgs(size);
+    for (std::size_t k = 0; k < kNumDTypes; ++k) {
+      const DType dtype = dtype_at(k);
+      const std::size_t isz = itemsize(dtype);
+      std::uint64_t total = 0;
+      for (const Outgoing& o : outs) total += o.sizes[1 + k] / isz;
+      if (total == 0) continue;
+      packed[k] = Tensor::empty({static_cast<std::int64_t>(total)}, dtype);
+      hold->tensors.push_back(packed[k]);
+      auto* base = static_cast<std::byte*>(packed[k].raw_data());
+      std::uint64_t first = 0;
+      for (std::size_t r = 0; r < size; ++r) {
+        const std::uint64_t n = outs[r].sizes[1 + k] / isz;
+        if (n == 0) continue;
+        Tensor part = packed[k].slice(0, static_cast<std::int64_t>(first),
+                                      static_cast<std::int64_t>(first + n));
+        detail::pack_stream(outs[r].layout, outs[r].tensors, dtype, part);
+        part_msgs[r][k].emplace_back(base + first * isz, n * isz);
+        first += n;
+      }
+    }
+    for (std::size_t r = 0; r < size; ++r)
+      outs[r].sizes[kGuardWord] = guard_of(outs[r].meta, part_msgs[r]);
+  }
+
   // Every rank needs every record: the data calls are per dtype that any part holds.
   hold->words.assign(size * kSizeWords, 0);
   if (is_src) {
@@ -577,18 +696,24 @@ TensorDict scatter_dicts(const std::vector<TensorDict>& parts, int src,
       std::copy(outs[r].sizes.begin(), outs[r].sizes.end(),
                 hold->words.begin() + static_cast<std::ptrdiff_t>(r * kSizeWords));
   }
-  std::vector<MPI_Request> reqs(1, MPI_REQUEST_NULL);
-  TD_MPI_CHECK(MPI_Ibcast(hold->words.data(), detail::mpi_count(hold->words.size(), what),
-                          MPI_UINT64_T, src, comm, reqs.data()));
-  wait_all(reqs, deadline, describe, hold);
+  detail::Step step(deadline, describe, hold, what);
+  step.post(detail::bcast_call(hold->words.data(), detail::mpi_count(hold->words.size(), what),
+                               MPI_UINT64_T, src, comm));
+  step.wait();
   std::vector<Sizes> table(size);
   for (std::size_t r = 0; r < size; ++r) {
     std::copy_n(hold->words.begin() + static_cast<std::ptrdiff_t>(r * kSizeWords), kSizeWords,
                 table[r].begin());
     check_sizes(table[r], src, what);
   }
-
+  const detail::TailGuard guard(table[me][kGuardWord]);
+  // Every count of the call before anything is posted (the same table, the same verdict).
   const VCounts mc = v_counts(table, 0, 1, what);
+  std::vector<VCounts> per_dtype(kNumDTypes);
+  const std::vector<std::size_t> data_dtypes = dtypes_in(table);
+  for (const std::size_t k : data_dtypes)
+    per_dtype[k] = v_counts(table, 1 + k, itemsize(dtype_at(k)), what);
+
   auto& meta_all = hold->bytes.emplace_back(is_src ? static_cast<std::size_t>(mc.total) : 0);
   if (is_src) {
     for (std::size_t r = 0; r < size; ++r)
@@ -596,13 +721,14 @@ TensorDict scatter_dicts(const std::vector<TensorDict>& parts, int src,
                 meta_all.begin() + static_cast<std::ptrdiff_t>(mc.displs[r]));
   }
   auto& meta = hold->bytes.emplace_back(static_cast<std::size_t>(mc.counts[me]));
-  reqs.assign(1, MPI_REQUEST_NULL);
-  TD_MPI_CHECK(MPI_Iscatterv(meta_all.data(), mc.counts.data(), mc.displs.data(), MPI_BYTE,
-                             meta.data(), mc.counts[me], MPI_BYTE, src, comm, reqs.data()));
-  wait_all(reqs, deadline, describe, hold);
+  guard.arm(meta);
+  step.post(detail::scatterv_call(meta_all.data(), mc.counts.data(), mc.displs.data(), MPI_BYTE,
+                                  meta.data(), mc.counts[me], MPI_BYTE, src, comm));
+  step.wait();
   DictLayout layout;
   std::exception_ptr failed;
   try {
+    check_filled(guard, std::array{Region(meta)}, src, table[me][0], what, "metadata");
     layout = decode_checked(meta, table[me], src, what);
   } catch (...) {
     failed = std::current_exception();
@@ -610,36 +736,36 @@ TensorDict scatter_dicts(const std::vector<TensorDict>& parts, int src,
   agree_status(*g, failed, deadline, what);
 
   std::array<Tensor, kNumDTypes> streams;
-  for (const std::size_t k : dtypes_in(table)) {
+  std::array<Region, kNumDTypes> filled{};
+  for (const std::size_t k : data_dtypes) {
     const DType dtype = dtype_at(k);
-    const VCounts v = v_counts(table, 1 + k, itemsize(dtype), what);
-    std::byte* send = nullptr;
-    if (is_src) {
-      Tensor all = Tensor::empty({v.total}, dtype);
-      for (std::size_t r = 0; r < size; ++r) {
-        if (v.counts[r] == 0) continue;
-        Tensor part = all.slice(0, v.displs[r], v.displs[r] + v.counts[r]);
-        detail::pack_stream(outs[r].layout, outs[r].tensors, dtype, part);
-      }
-      hold->tensors.push_back(all);
-      send = static_cast<std::byte*>(all.raw_data());
-    }
+    const VCounts& v = per_dtype[k];
+    std::byte* send = is_src ? static_cast<std::byte*>(packed[k].raw_data()) : nullptr;
     std::byte* recv = send;
     if (v.counts[me] > 0) {
       streams[k] = Tensor::empty({v.counts[me]}, dtype);
       hold->tensors.push_back(streams[k]);
       recv = static_cast<std::byte*>(streams[k].raw_data());
+      filled[k] = Region(recv, static_cast<std::size_t>(v.counts[me]) * itemsize(dtype));
+      guard.arm(filled[k]);
     }
     hold->ints.push_back(v.counts);
     const int* counts = hold->ints.back().data();
     hold->ints.push_back(v.displs);
     const int* displs = hold->ints.back().data();
     const MPI_Datatype type = detail::mpi_datatype(dtype);
-    reqs.push_back(MPI_REQUEST_NULL);
-    TD_MPI_CHECK(MPI_Iscatterv(send, counts, displs, type, recv, v.counts[me], type, src, comm,
-                               &reqs.back()));
+    step.post(
+        detail::scatterv_call(send, counts, displs, type, recv, v.counts[me], type, src, comm));
   }
-  wait_all(reqs, deadline, describe, hold);
+  step.wait();
+  try {
+    for (const std::size_t k : data_dtypes)
+      check_filled(guard, std::array{filled[k]}, src, table[me][1 + k], what,
+                   fmt::format("{} data", name(dtype_at(k))));
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  agree_status(*g, failed, deadline, what);
   return result_of(layout, streams, {}, what);
 }
 
@@ -650,6 +776,7 @@ void send_dict(const TensorDict& value, int dst, const CollectiveOptions& opts) 
   std::optional<Outgoing> out;
   if (err.empty()) out = try_outgoing(value, "value", err);
   auto hold = std::make_shared<Hold>();
+  if (out) hold->tensors = out->tensors;  // sent in place: held like every buffer MPI reads
   const std::function<std::string()> describe = [&] {
     return fmt::format("{} to rank {} in a group of {} ranks", what, dst, p.g->size);
   };
@@ -671,19 +798,17 @@ void send_dict(const TensorDict& value, int dst, const CollectiveOptions& opts) 
               hold->words.begin() + static_cast<std::ptrdiff_t>(kFirstSizeWord));
     body = out->meta;
   }
-  std::vector<MPI_Request> reqs(2, MPI_REQUEST_NULL);
-  TD_MPI_CHECK(
-      MPI_Isend(hold->words.data(), kHeaderWords, MPI_UINT64_T, dst, p.tag, comm, &reqs[0]));
-  TD_MPI_CHECK(MPI_Isend(body.data(), detail::mpi_count(body.size(), what), MPI_BYTE, dst, p.tag,
-                         comm, &reqs[1]));
-  wait_all(reqs, p.deadline, describe, hold);
+  detail::Step step(p.deadline, describe, hold, what);
+  step.post(detail::send_call(hold->words.data(), kHeaderWords, MPI_UINT64_T, dst, p.tag, comm));
+  step.post(detail::send_call(body.data(), detail::mpi_count(body.size(), what), MPI_BYTE, dst,
+                              p.tag, comm));
+  step.wait();
   if (!err.empty()) throw std::invalid_argument(fmt::format("{}: {}", what, err));
 
   // The receiver's verdict: nothing more is sent unless it accepted the metadata.
   auto& ack = hold->bytes.emplace_back(kAckBytes);
-  reqs.assign(1, MPI_REQUEST_NULL);
-  TD_MPI_CHECK(MPI_Irecv(ack.data(), kAckBytes, MPI_BYTE, dst, p.tag, comm, reqs.data()));
-  wait_all(reqs, p.deadline, describe, hold);
+  step.post(detail::recv_call(ack.data(), kAckBytes, MPI_BYTE, dst, p.tag, comm), "verdict");
+  step.wait();
   const auto verdict = std::to_integer<std::uint64_t>(ack[0]);
   if (verdict != kOk) {
     ack.back() = std::byte{0};
@@ -697,12 +822,11 @@ void send_dict(const TensorDict& value, int dst, const CollectiveOptions& opts) 
     const MPI_Datatype type = detail::mpi_datatype(dtype);
     post_stream_out(*out, k, per_segment, *hold, [&](std::byte* data, std::uint64_t nbytes) {
       detail::for_each_message(nbytes, dtype, SIZE_MAX, [&](std::size_t off, int count) {
-        reqs.push_back(MPI_REQUEST_NULL);
-        TD_MPI_CHECK(MPI_Isend(data + off, count, type, dst, p.tag, comm, &reqs.back()));
+        step.post(detail::send_call(data + off, count, type, dst, p.tag, comm));
       });
     });
   }
-  wait_all(reqs, p.deadline, describe, hold);
+  step.wait();
 }
 
 TensorDict recv_dict(int src, const CollectiveOptions& opts) {
@@ -716,10 +840,10 @@ TensorDict recv_dict(int src, const CollectiveOptions& opts) {
   const MPI_Comm comm = p.g->comm;
 
   hold->words.assign(kHeaderWords, 0);
-  std::vector<MPI_Request> reqs(1, MPI_REQUEST_NULL);
-  TD_MPI_CHECK(
-      MPI_Irecv(hold->words.data(), kHeaderWords, MPI_UINT64_T, src, p.tag, comm, reqs.data()));
-  wait_all(reqs, p.deadline, describe, hold);
+  detail::Step step(p.deadline, describe, hold, what);
+  step.post(detail::recv_call(hold->words.data(), kHeaderWords, MPI_UINT64_T, src, p.tag, comm),
+            "header");
+  step.wait();
   const std::uint64_t status = hold->words[0];
   const std::uint64_t per_segment = hold->words[2];
   Sizes sizes{};
@@ -733,10 +857,10 @@ TensorDict recv_dict(int src, const CollectiveOptions& opts) {
                     "transport peer)",
                     what, src, body_len));
   auto& body = hold->bytes.emplace_back(body_len);
-  reqs.assign(1, MPI_REQUEST_NULL);
-  TD_MPI_CHECK(MPI_Irecv(body.data(), detail::mpi_count(body_len, what), MPI_BYTE, src, p.tag, comm,
-                         reqs.data()));
-  wait_all(reqs, p.deadline, describe, hold);
+  step.post(
+      detail::recv_call(body.data(), detail::mpi_count(body_len, what), MPI_BYTE, src, p.tag, comm),
+      status == kOk ? "metadata" : "error text");
+  step.wait();
   if (status != kOk)
     throw_kind(status,
                fmt::format("{}: rank {}'s send_dict failed: {}", what, src,
@@ -759,9 +883,8 @@ TensorDict recv_dict(int src, const CollectiveOptions& opts) {
   auto& ack = hold->bytes.emplace_back(kAckBytes);
   ack[0] = static_cast<std::byte>(verdict);
   std::memcpy(ack.data() + 1, why.data(), std::min<std::size_t>(why.size(), kAckBytes - 2));
-  reqs.assign(1, MPI_REQUEST_NULL);
-  TD_MPI_CHECK(MPI_Isend(ack.data(), kAckBytes, MPI_BYTE, src, p.tag, comm, reqs.data()));
-  wait_all(reqs, p.deadline, describe, hold);
+  step.post(detail::send_call(ack.data(), kAckBytes, MPI_BYTE, src, p.tag, comm));
+  step.wait();
   if (verdict == kBadArgument) throw std::invalid_argument(fmt::format("{}: {}", what, err));
   if (verdict != kOk) throw Error(why);
 
@@ -771,17 +894,13 @@ TensorDict recv_dict(int src, const CollectiveOptions& opts) {
     const DType dtype = dtype_at(k);
     streams[k] = Tensor::empty({static_cast<std::int64_t>(sizes[1 + k] / itemsize(dtype))}, dtype);
     hold->tensors.push_back(streams[k]);
-    auto* data = static_cast<std::byte*>(streams[k].raw_data());
-    const MPI_Datatype type = detail::mpi_datatype(dtype);
-    post_stream_in(layout, k, sizes[1 + k], per_segment, data,
-                   [&](std::byte* at, std::uint64_t nbytes) {
-                     detail::for_each_message(nbytes, dtype, SIZE_MAX, [&](std::size_t off, int n) {
-                       reqs.push_back(MPI_REQUEST_NULL);
-                       TD_MPI_CHECK(MPI_Irecv(at + off, n, type, src, p.tag, comm, &reqs.back()));
-                     });
-                   });
+    for (const Region& r : messages_in(layout, k, sizes[1 + k], per_segment,
+                                       static_cast<std::byte*>(streams[k].raw_data())))
+      step.post(detail::recv_call(r.data(), static_cast<int>(r.size() / itemsize(dtype)),
+                                  detail::mpi_datatype(dtype), src, p.tag, comm),
+                fmt::format("{} data", name(dtype)));
   }
-  wait_all(reqs, p.deadline, describe, hold);
+  step.wait();
   return result_of(layout, streams, {}, what);
 }
 

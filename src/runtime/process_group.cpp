@@ -84,6 +84,12 @@ std::shared_ptr<GroupState> make_group(MPI_Comm parent, MPI_Group members,
   if (comm != MPI_COMM_NULL) {
     TD_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
     TD_MPI_CHECK(MPI_Comm_rank(comm, &g->rank));
+    // MPI_TAG_UB is an attribute of MPI_COMM_WORLD (valid for every communicator); a
+    // communicator made by MPI_Comm_create does not carry it.
+    int* tag_ub = nullptr;
+    int flag = 0;
+    TD_MPI_CHECK(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, static_cast<void*>(&tag_ub), &flag));
+    g->tags.emplace(flag && tag_ub ? *tag_ub : 32767);
   }
   g->comm = comm;
   auto& groups = runtime().groups;

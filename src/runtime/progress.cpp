@@ -169,7 +169,7 @@ LiveWorks& live() {
   return l;
 }
 
-void add_pending(std::span<const std::shared_ptr<WorkState>> works) {
+void add_pending(std::span<const std::shared_ptr<WorkState>> works, bool on_thread) {
   {
     LiveWorks& l = live();
     std::lock_guard lock(l.mu);
@@ -181,7 +181,7 @@ void add_pending(std::span<const std::shared_ptr<WorkState>> works) {
       });
     l.works.insert(l.works.end(), works.begin(), works.end());
   }
-  if (async_progress_enabled()) {
+  if (on_thread) {
     engine().add(works);
   } else {
     manual().add(works);
@@ -209,9 +209,14 @@ void progress_settle_all(const std::string& why) {
 }
 
 void progress_add(const std::shared_ptr<WorkState>& work) {
-  add_pending(std::span<const std::shared_ptr<WorkState>>(&work, 1));
+  add_pending(std::span<const std::shared_ptr<WorkState>>(&work, 1), async_progress_enabled());
 }
-void progress_add(const std::vector<std::shared_ptr<WorkState>>& works) { add_pending(works); }
+void progress_add(const std::vector<std::shared_ptr<WorkState>>& works) {
+  add_pending(works, async_progress_enabled());
+}
+void progress_add(const std::vector<std::shared_ptr<WorkState>>& works, ProgressMode mode) {
+  add_pending(works, mode == ProgressMode::Thread);
+}
 void progress_others(const WorkState* except) { manual().run(except); }
 void progress_stop() { engine().stop(); }
 void progress_waiter(int delta) { engine().waiters_.fetch_add(delta, std::memory_order_relaxed); }

@@ -16,6 +16,7 @@
 #include <mpi.h>
 
 #include "core/tensor_internal.hpp"
+#include "runtime/tags.hpp"
 #include "tensordict/bucket_plan.hpp"
 #include "tensordict/collectives.hpp"
 #include "tensordict/process_group.hpp"
@@ -51,6 +52,7 @@ struct GroupState {
   std::uint64_t plan_hits = 0, plan_misses = 0;
   std::optional<TunedBuckets> tuned;  // kAutoBucketBytes resolved on this group
   std::shared_ptr<Storage> scratch;   // reused pack buffer of sync calls
+  std::optional<TagSpace> tags;       // point to point and transport (members only)
 
   GroupState() = default;
   GroupState(const GroupState&) = delete;
@@ -107,7 +109,14 @@ void divide_in_place(void* data, std::int64_t count, DType dtype, int divisor);
 /// `deadline` passes first. On timeout `buffers` (what the request touches) is deliberately
 /// leaked: MPI may still write into it.
 void wait_until(MPI_Request& req, std::chrono::steady_clock::time_point deadline,
-                const std::function<std::string()>& describe, std::shared_ptr<void> buffers = {});
+                const std::function<std::string()>& describe, std::shared_ptr<void> buffers = {},
+                MPI_Status* status = nullptr);
+
+/// Throws td::Error when a completed point-to-point receive got another number of elements of
+/// `type` than `expected` (MPI accepts a shorter message silently): names the operation, the
+/// peer, the phase and both counts.
+void check_received(const MPI_Status& status, MPI_Datatype type, int expected, int peer,
+                    std::string_view what, std::string_view phase);
 
 /// A pending operation: its MPI requests and everything they touch, and what to do once done.
 class WorkState {
@@ -123,6 +132,17 @@ class WorkState {
   std::vector<std::shared_ptr<void>> held;  // other memory the requests touch
   std::function<std::string()> describe;    // "all_reduce of bucket 2 (float32, ...)" for errors
   std::chrono::steady_clock::time_point deadline;
+  /// A point-to-point receive of the current phase whose received count is checked when the
+  /// phase completes (check_received): requests[request] must bring `count` elements.
+  struct ReceiveCheck {
+    std::size_t request;
+    MPI_Datatype type;
+    int count;
+    int peer;
+    const char* phase;
+  };
+  std::vector<ReceiveCheck> receive_checks;  // cleared with `requests` at each phase
+  std::string what;                          // the operation's name, for the checks' errors
 
   /// Tests the requests (non-blocking); runs finish() once all completed.
   bool test();
@@ -168,6 +188,11 @@ void progress_add(const std::shared_ptr<WorkState>& work);
 /// progress_add for several operations at once (started together: hand them over once all are
 /// started, so the thread does not contend with the starting thread for MPI's locks).
 void progress_add(const std::vector<std::shared_ptr<WorkState>>& works);
+/// Who drives an operation: the progress thread, or waits (without the thread).
+enum class ProgressMode { Thread, Manual };
+/// progress_add with the mode decided by the caller (the Reducer decides once per step, so that
+/// set_async_progress toggled mid-step cannot split one step's buckets between the two).
+void progress_add(const std::vector<std::shared_ptr<WorkState>>& works, ProgressMode mode);
 /// Without the progress thread: tests every other pending phased operation handed to
 /// progress_add (wait() and is_completed() call it, as MPI's waits progress every request).
 void progress_others(const WorkState* except);

@@ -37,12 +37,29 @@ void pause_polling(std::uint64_t spin) {
 }
 }  // namespace
 
+void check_received(const MPI_Status& status, MPI_Datatype type, int expected, int peer,
+                    std::string_view what, std::string_view phase) {
+  int got = MPI_UNDEFINED;
+  TD_MPI_CHECK(MPI_Get_count(&status, type, &got));
+  if (got == expected) return;
+  int type_size = 0;
+  MPI_Type_size(type, &type_size);
+  const std::string unit =
+      type_size == 1 ? "bytes" : fmt::format("elements of {} bytes", type_size);
+  throw Error(fmt::format(
+      "{}: rank {} sent {} of the {} {} of its {} (a short message); the "
+      "transfer is rejected",
+      what, peer, got == MPI_UNDEFINED ? std::string("a fraction") : std::to_string(got), expected,
+      unit, phase));
+}
+
 void wait_until(MPI_Request& req, std::chrono::steady_clock::time_point deadline,
-                const std::function<std::string()>& describe, std::shared_ptr<void> buffers) {
+                const std::function<std::string()>& describe, std::shared_ptr<void> buffers,
+                MPI_Status* status) {
   const auto start = std::chrono::steady_clock::now();
   for (std::uint64_t spin = 0;; ++spin) {
     int done = 0;
-    TD_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+    TD_MPI_CHECK(MPI_Test(&req, &done, status ? status : MPI_STATUS_IGNORE));
     if (done) return;
     pause_polling(spin);
     // Checking the clock costs more than MPI_Test's fast path; look at it every few polls.
@@ -108,9 +125,11 @@ bool WorkState::test() {
   if (status_ != Status::Pending) return true;
   if (timed_out_) return false;
   int done = 0;
-  const int rc = requests.empty() ? MPI_SUCCESS
-                                  : MPI_Testall(static_cast<int>(requests.size()), requests.data(),
-                                                &done, MPI_STATUSES_IGNORE);
+  std::vector<MPI_Status> statuses(receive_checks.empty() ? 0 : requests.size());
+  const int rc = requests.empty()
+                     ? MPI_SUCCESS
+                     : MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done,
+                                   statuses.empty() ? MPI_STATUSES_IGNORE : statuses.data());
   if (requests.empty()) done = 1;
   if (rc != MPI_SUCCESS) {
     try {
@@ -121,6 +140,17 @@ bool WorkState::test() {
     return true;
   }
   if (!done) return false;
+  if (!receive_checks.empty()) {
+    try {
+      for (const ReceiveCheck& c : receive_checks)
+        check_received(statuses[c.request], c.type, c.count, c.peer, what, c.phase);
+    } catch (...) {
+      receive_checks.clear();
+      fail_locked(std::current_exception());
+      return true;
+    }
+    receive_checks.clear();
+  }
   if (then) {
     auto next = std::move(then);
     then = nullptr;

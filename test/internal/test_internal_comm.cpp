@@ -9,10 +9,12 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <type_traits>
 #include <vector>
 
 #include "comm/engine_internal.hpp"
+#include "comm/tail_guard.hpp"
 
 using td::BucketPlan;
 using td::DType;
@@ -261,4 +263,42 @@ TEMPLATE_TEST_CASE("divide_in_place gives the bits of an element-wise division",
   CHECK(c[0].imag() == T(-3) / three);
   CHECK(c[1].real() == std::numeric_limits<T>::denorm_min() / three);
   CHECK(c[1].imag() == T(7) / three);
+}
+
+TEST_CASE("the tail guard differs from every sent tail and finds an unfilled receive",
+          "[comm][tail_guard]") {
+  using td::detail::TailGuard;
+  // Messages of 1 to 20 bytes whose tails are the first few candidates' own bytes: choose()
+  // must step past every one of them.
+  std::vector<std::vector<std::byte>> sent;
+  for (std::size_t n = 1; n <= 20; ++n) {
+    std::vector<std::byte> m(n, std::byte{0});
+    TailGuard candidate(n);  // candidate n - 1
+    candidate.arm(m);        // its canary at the end
+    sent.push_back(m);
+  }
+  std::vector<std::span<const std::byte>> views;
+  for (const auto& m : sent) views.emplace_back(m.data(), m.size());
+  const TailGuard guard = TailGuard::choose(views);
+  REQUIRE(guard.word() != 0);
+  CHECK(guard.word() > 20);  // candidates 0-19 are taken by the tails above
+  for (const auto& m : sent) CHECK_FALSE(guard.short_message(m));
+  // A receive armed and then filled by a full message is not short; one filled only in part is.
+  for (const auto& m : sent) {
+    std::vector<std::byte> recv(m.size());
+    guard.arm(recv);
+    CHECK(guard.short_message(recv));
+    std::memcpy(recv.data(), m.data(), m.size());
+    CHECK_FALSE(guard.short_message(recv));
+    if (m.size() > 8) {
+      std::vector<std::byte> part(m.size());
+      guard.arm(part);
+      std::memcpy(part.data(), m.data(), m.size() - 8);  // the last 8 bytes never arrived
+      CHECK(guard.short_message(part));
+    }
+  }
+  // Unguarded (0) checks nothing; empty regions are never short.
+  std::vector<std::byte> any(16, std::byte{7});
+  CHECK_FALSE(TailGuard().short_message(any));
+  CHECK_FALSE(guard.short_message(std::span<const std::byte>()));
 }

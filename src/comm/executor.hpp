@@ -1,0 +1,121 @@
+// The executor: the one place where MPI calls that move data are made (docs/internals.md, "The
+// executor"). Operations describe each call as a DataCall (what to post, on which
+// communicator) and hand it to post(); a later feature that must see every byte that moves
+// (per-call sequence numbers, the flight recorder, node-aware strategies) hooks in here once.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <mpi.h>
+
+namespace td::detail {
+
+class WorkState;
+
+/// One MPI call that moves data. Built by the factory functions below, never by hand, so that a
+/// call names only what its MPI routine takes.
+struct DataCall {
+  enum class Op : std::uint8_t {
+    Send,
+    Recv,
+    Bcast,
+    Allreduce,
+    Reduce,
+    Allgather,
+    Gather,
+    Allgatherv,
+    Gatherv,
+    Scatter,
+    Scatterv,
+    ReduceScatterBlock,
+    ReduceScatter,
+  };
+  Op op = Op::Bcast;
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Datatype type = MPI_DATATYPE_NULL;       // of the send buffer, or the one buffer
+  MPI_Datatype recv_type = MPI_DATATYPE_NULL;  // of the receive buffer where it has its own
+  const void* send = nullptr;                  // MPI_IN_PLACE where the routine allows it
+  void* recv = nullptr;
+  int count = 0;                // this rank's element count (send, or the one buffer)
+  int recv_count = 0;           // elements per rank received (Allgather, Gather, Scatter, Scatterv)
+  const int* counts = nullptr;  // per rank (v-collectives, ReduceScatter)
+  const int* displs = nullptr;
+  MPI_Op reduce_op = MPI_OP_NULL;
+  int root = 0;  // the root, or the peer of Send / Recv
+  int tag = 0;
+};
+
+/// Posts `call` in its nonblocking form into `*req`, or runs its blocking form when `req` is null
+/// (the sync path, under a BlockingPhase). Throws td::MpiError naming the routine.
+void post(const DataCall& call, MPI_Request* req);
+
+// ---- factories: one per MPI routine the library uses for data, with the routine's own
+// arguments (its nonblocking form's, without the request) --------------------------------------
+
+DataCall send_call(const void* buf, int count, MPI_Datatype type, int peer, int tag, MPI_Comm comm);
+DataCall recv_call(void* buf, int count, MPI_Datatype type, int peer, int tag, MPI_Comm comm);
+DataCall bcast_call(void* buf, int count, MPI_Datatype type, int root, MPI_Comm comm);
+DataCall allreduce_call(const void* send, void* recv, int count, MPI_Datatype type, MPI_Op op,
+                        MPI_Comm comm);
+DataCall reduce_call(const void* send, void* recv, int count, MPI_Datatype type, MPI_Op op,
+                     int root, MPI_Comm comm);
+DataCall allgather_call(const void* send, int count, MPI_Datatype type, void* recv, int recv_count,
+                        MPI_Datatype recv_type, MPI_Comm comm);
+DataCall gather_call(const void* send, int count, MPI_Datatype type, void* recv, int recv_count,
+                     MPI_Datatype recv_type, int root, MPI_Comm comm);
+DataCall allgatherv_call(const void* send, int count, MPI_Datatype type, void* recv,
+                         const int* counts, const int* displs, MPI_Datatype recv_type,
+                         MPI_Comm comm);
+DataCall gatherv_call(const void* send, int count, MPI_Datatype type, void* recv, const int* counts,
+                      const int* displs, MPI_Datatype recv_type, int root, MPI_Comm comm);
+DataCall scatter_call(const void* send, int count, MPI_Datatype type, void* recv, int recv_count,
+                      MPI_Datatype recv_type, int root, MPI_Comm comm);
+DataCall scatterv_call(const void* send, const int* counts, const int* displs, MPI_Datatype type,
+                       void* recv, int recv_count, MPI_Datatype recv_type, int root, MPI_Comm comm);
+DataCall reduce_scatter_block_call(const void* send, void* recv, int count, MPI_Datatype type,
+                                   MPI_Op op, MPI_Comm comm);
+DataCall reduce_scatter_call(const void* send, void* recv, const int* counts, MPI_Datatype type,
+                             MPI_Op op, MPI_Comm comm);
+
+/// Posts `call` as one request of `w`'s current phase; a receive (recv_call) has its received
+/// count checked when the phase completes (`phase` names it in the error).
+void post_into(WorkState& w, const DataCall& call, const char* phase = "data");
+
+// ---- blocking steps of a call, polled against its deadline ----------------------------------
+
+/// The calls of one step of an operation that runs on the caller's thread (transport, the
+/// exchange of sparse leaves): posted nonblocking, then waited for against `deadline` (a
+/// td::TimeoutError, never a hang), with `hold` (everything the requests touch) leaked rather
+/// than freed if they time out. Receives of point-to-point calls (recv_call) have their
+/// received count checked (a short message is a td::Error naming `what`, the peer and `phase`).
+class Step {
+ public:
+  Step(std::chrono::steady_clock::time_point deadline, std::function<std::string()> describe,
+       std::shared_ptr<void> hold, std::string_view what);
+  /// Posts one call of the step; `phase` names it in a short-message error (receives).
+  void post(const DataCall& call, std::string phase = {});
+  /// Waits for every call posted since the last wait, then checks the receives' counts.
+  void wait();
+
+ private:
+  std::chrono::steady_clock::time_point deadline_;
+  std::function<std::string()> describe_;
+  std::shared_ptr<void> hold_;
+  std::string what_;
+  std::vector<MPI_Request> requests_;
+  struct Check {
+    std::size_t request;
+    DataCall call;
+    std::string phase;
+  };
+  std::vector<Check> checks_;
+};
+
+}  // namespace td::detail
