@@ -185,16 +185,24 @@ std::shared_ptr<const BucketPlan> plan_for(GroupState& g, const Analysis& a,
 }
 
 namespace {
-// Bytes of a layout's leaves (dense or not): what a bucket cap can split.
-std::size_t dense_bytes(const std::vector<LeafLayout>& layout) {
+// Whether a layout's leaves hold at most `limit` bytes: then every candidate cap of at least
+// `limit` packs them alike. Stops as soon as the sum exceeds the limit.
+bool at_most_bytes(const std::vector<LeafLayout>& layout, std::size_t limit) {
   std::size_t total = 0;
   for (const LeafLayout& l : layout) {
     std::size_t n = itemsize(l.dtype);
     for (const std::int64_t d : l.shape)
       n *= static_cast<std::size_t>(std::max<std::int64_t>(d, 0));
     total += n;
+    if (total > limit) return false;
   }
-  return total;
+  return true;
+}
+
+// Whether the group already resolved kAutoBucketBytes (then nothing is left to measure).
+bool tuned_already(GroupState& g) {
+  std::lock_guard lock(g.mu);
+  return g.tuned.has_value();
 }
 }  // namespace
 
@@ -210,8 +218,7 @@ PreparedCollective prepare_collective(std::span<const LeafRef> leaves, const Col
   g->checked_comm(call.name);
   const auto timeout = timeout_of(opts);
   std::string arg_error;
-  if (timeout.count() <= 0)
-    note_error(arg_error, fmt::format("timeout must be positive (got {} ms)", timeout.count()));
+  note_error(arg_error, timeout_problem(timeout));
   // A bad timeout still needs a deadline for the agreement that reports it.
   const auto deadline = deadline_after(timeout.count() > 0 ? timeout : timeout_of({}));
 
@@ -220,11 +227,9 @@ PreparedCollective prepare_collective(std::span<const LeafRef> leaves, const Col
   const Analysis& a = analyse_cached(leaves, cache, scratch);
   note_error(arg_error, a.arg_error);
   note_error(arg_error, check_ops(leaves, a, call));
-  if (cap && *cap == 0)
-    note_error(arg_error, "bucket_bytes must be positive (or td::kAutoBucketBytes)");
-  if (has_root(call.kind) && (call.root < 0 || call.root >= g->size))
-    note_error(arg_error, fmt::format("{} {} is out of range for a group of {} ranks",
-                                      root_name(call.kind), call.root, g->size));
+  note_error(arg_error, bucket_bytes_problem(cap));
+  if (has_root(call.kind))
+    note_error(arg_error, rank_problem(root_name(call.kind), call.root, g->size));
   if (opts.compression != Compression::None) {
     if (call.kind != CollectiveKind::AllReduce && call.kind != CollectiveKind::Reduce)
       note_error(arg_error, fmt::format("compression {} applies to all_reduce and reduce only",
@@ -243,7 +248,8 @@ PreparedCollective prepare_collective(std::span<const LeafRef> leaves, const Col
   std::size_t direct_bytes = 0;
   auto data_deadline = deadline;
   if (cap && *cap == kAutoBucketBytes) {
-    if (dense_bytes(a.layout) <= smallest_candidate_cap()) {
+    // Checked only until the group has measured: a tuned group pays nothing per call.
+    if (!tuned_already(*g) && at_most_bytes(a.layout, smallest_candidate_cap())) {
       // Every candidate cap packs this dict the same way (one bucket per dtype): nothing to
       // measure. The layout is agreed, so every rank takes this branch or none does.
       cap = smallest_candidate_cap();

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "comm/executor.hpp"
+#include "comm/validate.hpp"
 #include "core/dict_internal.hpp"
 #include "runtime/runtime.hpp"
 

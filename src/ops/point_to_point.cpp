@@ -121,19 +121,12 @@ Peer start_peer_call(int peer, std::string_view what, const char* peer_name, boo
                      const CollectiveOptions& opts) {
   auto g = detail::group_of(opts);
   MPI_Comm comm = g->checked_comm(what);
-  if (peer < 0 || peer >= g->size)
-    throw std::invalid_argument(fmt::format("{}: {} {} is out of range for a group of {} ranks",
-                                            what, peer_name, peer, g->size));
-  if (peer == g->rank)
-    throw std::invalid_argument(
-        fmt::format("{}: {} {} is this rank itself", what, peer_name, peer));
-  if (detail::timeout_of(opts).count() <= 0)
-    throw std::invalid_argument(fmt::format("{}: timeout must be positive (got {} ms)", what,
-                                            detail::timeout_of(opts).count()));
   const int user_tag = opts.tag.value_or(0);
-  if (user_tag < 0 || user_tag >= kMaxUserTag)
-    throw std::invalid_argument(
-        fmt::format("{}: tag {} is out of range [0, {})", what, user_tag, kMaxUserTag));
+  for (const std::string& problem :
+       {detail::rank_problem(peer_name, peer, g->size),
+        detail::self_problem(peer_name, peer, g->rank),
+        detail::timeout_problem(detail::timeout_of(opts)), detail::tag_problem(user_tag)})
+    if (!problem.empty()) throw std::invalid_argument(fmt::format("{}: {}", what, problem));
   const int base = g->tags->next_call_block(g->rank, peer, sending, user_tag, what);
   return {std::move(g), comm, peer, base, std::string(what)};
 }
@@ -142,9 +135,8 @@ Peer start_peer_call(int peer, std::string_view what, const char* peer_name, boo
 std::uint64_t cap_of(const CollectiveOptions& opts, bool from_dict, std::string_view what) {
   const std::optional<std::size_t> cap = detail::requested_cap(opts, from_dict);
   if (!cap) return 0;
-  if (*cap == 0)
-    throw std::invalid_argument(
-        fmt::format("{}: bucket_bytes must be positive (or td::kAutoBucketBytes)", what));
+  if (const std::string problem = detail::bucket_bytes_problem(cap); !problem.empty())
+    throw std::invalid_argument(fmt::format("{}: {}", what, problem));
   // kAutoBucketBytes: everything of one dtype in one bucket (consolidated).
   return *cap == kAutoBucketBytes ? std::uint64_t{1} << 62 : *cap;
 }

@@ -214,9 +214,7 @@ std::string option_error(const CollectiveOptions& opts) {
   if (opts.async_op)
     return "async_op is not supported by transport without a prior layout (the receivers' dicts "
            "exist only once the data arrived); call it from a thread of your own instead";
-  if (opts.bucket_bytes && *opts.bucket_bytes == 0)
-    return "bucket_bytes must be positive (or td::kAutoBucketBytes)";
-  return {};
+  return detail::bucket_bytes_problem(opts.bucket_bytes);
 }
 
 struct Agreed {
@@ -507,18 +505,14 @@ Peer peer_of(int peer, std::string_view what, std::string_view role, const Colle
              std::string& err) {
   Peer p{detail::group_of(opts), {}, 0};
   p.g->checked_comm(what);
-  if (peer < 0 || peer >= p.g->size)
-    throw std::invalid_argument(fmt::format("{}: {} {} is out of range for a group of {} ranks",
-                                            what, role, peer, p.g->size));
-  if (peer == p.g->rank)
-    throw std::invalid_argument(fmt::format("{}: {} {} is this rank", what, role, peer));
+  for (const std::string& problem :
+       {detail::rank_problem(role, peer, p.g->size), detail::self_problem(role, peer, p.g->rank)})
+    if (!problem.empty()) throw std::invalid_argument(fmt::format("{}: {}", what, problem));
   const auto timeout = detail::timeout_of(opts);
-  if (timeout.count() <= 0 && err.empty())
-    err = fmt::format("timeout must be positive (got {} ms)", timeout.count());
+  if (err.empty()) err = detail::timeout_problem(timeout);
   p.deadline = detail::deadline_after(timeout.count() > 0 ? timeout : detail::timeout_of({}));
   const int user_tag = opts.tag.value_or(0);
-  if ((user_tag < 0 || user_tag >= kMaxUserTag) && err.empty())
-    err = fmt::format("tag {} is out of range [0, {})", user_tag, kMaxUserTag);
+  if (err.empty()) err = detail::tag_problem(user_tag);
   p.tag = p.g->tags->transport(std::clamp(user_tag, 0, kMaxUserTag - 1));
   if (err.empty()) err = option_error(opts);
   return p;
