@@ -1,24 +1,69 @@
 #include "comm/compression.hpp"
 
+#include <algorithm>
+#include <cstdint>
 #include <stdexcept>
 #include <type_traits>
 
 #include <Eigen/Core>
 
+#include "core/half_convert.hpp"
 #include "tensordict/collectives.hpp"
 
 namespace td::detail {
 
 namespace {
 
+// The 16-bit conversions of whole buffers (core/half_convert.hpp: vectorised); float64 values
+// go through float in chunks, as the element-wise conversion did (double * scale -> float -> 16).
+template <class Half>
+void narrow_floats(const float* in, std::int64_t n, float scale, Half* out) {
+  auto* bits = reinterpret_cast<std::uint16_t*>(out);
+  if constexpr (std::is_same_v<Half, Eigen::half>) {
+    float_to_fp16(in, n, scale, bits);
+  } else {
+    float_to_bf16(in, n, scale, bits);
+  }
+}
+
+template <class Half>
+void widen_floats(const Half* in, std::int64_t n, float* out) {
+  const auto* bits = reinterpret_cast<const std::uint16_t*>(in);
+  if constexpr (std::is_same_v<Half, Eigen::half>) {
+    fp16_to_float(bits, n, out);
+  } else {
+    bf16_to_float(bits, n, out);
+  }
+}
+
+constexpr std::int64_t kChunk = 1024;
+
 template <class Half, class T>
 void narrow(const T* in, std::int64_t count, T scale, Half* out) {
-  for (std::int64_t i = 0; i < count; ++i) out[i] = Half(static_cast<float>(in[i] * scale));
+  if constexpr (std::is_same_v<T, float>) {
+    narrow_floats(in, count, scale, out);
+  } else {
+    float tmp[kChunk];
+    for (std::int64_t i = 0; i < count; i += kChunk) {
+      const std::int64_t m = std::min(kChunk, count - i);
+      for (std::int64_t j = 0; j < m; ++j) tmp[j] = static_cast<float>(in[i + j] * scale);
+      narrow_floats(tmp, m, 1.0f, out + i);
+    }
+  }
 }
 
 template <class Half, class T>
 void widen(const Half* in, std::int64_t count, T* out) {
-  for (std::int64_t i = 0; i < count; ++i) out[i] = static_cast<T>(static_cast<float>(in[i]));
+  if constexpr (std::is_same_v<T, float>) {
+    widen_floats(in, count, out);
+  } else {
+    float tmp[kChunk];
+    for (std::int64_t i = 0; i < count; i += kChunk) {
+      const std::int64_t m = std::min(kChunk, count - i);
+      widen_floats(in + i, m, tmp);
+      for (std::int64_t j = 0; j < m; ++j) out[i + j] = static_cast<T>(tmp[j]);
+    }
+  }
 }
 
 // Calls f(Half*) / f(const Half*) for the wire dtype and T for the value dtype.

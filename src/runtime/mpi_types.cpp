@@ -2,10 +2,13 @@
 // 16-bit floats that Open MPI 4.1 lacks.
 #include <algorithm>
 #include <array>
+#include <cstdint>
+#include <type_traits>
 
 #include <fmt/format.h>
 #include <Eigen/Core>
 
+#include "core/half_convert.hpp"
 #include "runtime/runtime.hpp"
 
 namespace td {
@@ -44,13 +47,31 @@ namespace detail {
 
 namespace {
 
-// Half-precision reductions: each step computes in float and rounds back to the 16-bit type.
+// Half-precision reductions: each step computes in float and rounds back to the 16-bit type,
+// a chunk at a time through the vectorised conversions (core/half_convert.hpp).
 template <class Half, class Fn>
 void half_reduce(void* in, void* inout, int* len, Fn fn) {
-  const Half* a = static_cast<const Half*>(in);
-  Half* b = static_cast<Half*>(inout);
-  for (int i = 0; i < *len; ++i)
-    b[i] = Half(fn(static_cast<float>(a[i]), static_cast<float>(b[i])));
+  constexpr bool fp16 = std::is_same_v<Half, Eigen::half>;
+  const auto* a = static_cast<const std::uint16_t*>(in);
+  auto* b = static_cast<std::uint16_t*>(inout);
+  constexpr int kChunk = 256;
+  float fa[kChunk], fb[kChunk];
+  for (int i = 0; i < *len; i += kChunk) {
+    const int m = std::min(kChunk, *len - i);
+    if constexpr (fp16) {
+      fp16_to_float(a + i, m, fa);
+      fp16_to_float(b + i, m, fb);
+    } else {
+      bf16_to_float(a + i, m, fa);
+      bf16_to_float(b + i, m, fb);
+    }
+    for (int j = 0; j < m; ++j) fb[j] = fn(fa[j], fb[j]);
+    if constexpr (fp16) {
+      float_to_fp16(fb, m, 1.0f, b + i);
+    } else {
+      float_to_bf16(fb, m, 1.0f, b + i);
+    }
+  }
 }
 
 template <class Half>
