@@ -5,6 +5,7 @@
 #include <Eigen/Core>
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define TD_HAVE_X86 1
 #endif
@@ -26,8 +27,19 @@ inline std::uint16_t bf16_bits(float f) {
 }
 
 #if TD_HAVE_X86
+// F16C and AVX (its 256-bit registers) in CPUID leaf 1, and the OS saving the YMM state (XCR0
+// bits 1 and 2): what _mm256_cvtps_ph needs. Read directly, as clang's __builtin_cpu_supports
+// knows no "f16c".
 bool has_f16c() {
-  static const bool yes = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  static const bool yes = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid(1, &a, &b, &c, &d) == 0) return false;
+    const bool osxsave = (c >> 27 & 1U) != 0, avx = (c >> 28 & 1U) != 0, f16c = (c >> 29 & 1U) != 0;
+    if (!osxsave || !avx || !f16c) return false;
+    unsigned lo = 0, hi = 0;
+    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & 6U) == 6U;
+  }();
   return yes;
 }
 
