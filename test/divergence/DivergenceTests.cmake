@@ -29,7 +29,7 @@ function(_td_add_divergence_env_test name)
   set_tests_properties(test_mpi_divergence.env.${name} PROPERTIES
     TIMEOUT 180
     LABELS "mpi"
-    ENVIRONMENT "${_TD_MPI_TEST_ENV}")
+    ENVIRONMENT "${_TD_MPI_TEST_ENV};${_TD_TEST_MAIN_ENV}")
 endfunction()
 
 _td_add_divergence_env_test(sync_pipeline.2ranks "TD_SYNC_PIPELINE=1" "-")
