@@ -27,7 +27,7 @@ CXX_FILES = $(shell git ls-files --cached --others --exclude-standard -- '*.cpp'
 # Prerequisites run in order (deps before configure); parallelism lives inside cmake --build.
 .NOTPARALLEL:
 .PHONY: deps configure build test bench docs format format-check lint clean fuzz test-asan test-tsan \
-        test-cluster bench-cluster
+        test-cluster bench-cluster test-stress
 
 deps:
 	@missing=""; \
@@ -51,6 +51,19 @@ build: configure
 # The cluster tests (label cluster) need root and namespaces: `make test-cluster`, not here.
 test: deps build
 	cd $(BUILD_DIR) && $(CTEST) --output-on-failure -j2 --timeout 300 -LE cluster
+
+# The MPI tests over and over beside CPU-bound loops (scripts/td-stress), for anyone who changes
+# the runtime: what fails only under load (a deadline passed, a starved rank, a slow mpiexec)
+# shows up here rather than once in a while in `make test`. Rounds of every selected test until
+# STRESS_ROUNDS rounds or STRESS_SECONDS (no round starts after that), or the first failure.
+# Not in CI (.ci/run): it is minutes of load by design.
+STRESS_ROUNDS  ?= 100
+STRESS_SECONDS ?= 240
+STRESS_HOGS    ?= 2
+STRESS_TESTS   ?= test_mpi_(agreement|async|divergence)
+test-stress: deps build
+	scripts/td-stress -b $(BUILD_DIR) -r $(STRESS_ROUNDS) -s $(STRESS_SECONDS) -H $(STRESS_HOGS) \
+	  -R '$(STRESS_TESTS)'
 
 # The suite across hosts: network namespaces on this machine (scripts/td-cluster, docs/cluster.md).
 # The CTest fixture brings the hosts up and down; `td-cluster guard` serialises concurrent runs
