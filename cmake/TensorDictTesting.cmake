@@ -124,8 +124,9 @@ function(_td_mpiexec_command out ranks program)
     PARENT_SCOPE)
 endfunction()
 
-# Registers runs of an existing MPI test program: <NAME>.<n>ranks for each of RANKS (default
-# 1 2 3 4), with ENVIRONMENT added to the MPI test environment and ARGS passed to the program.
+# Registers runs of an existing MPI test program (one whose main is test/main.cpp: the runs get
+# _TD_TEST_MAIN_ENV): <NAME>.<n>ranks for each of RANKS (default 1 2 3 4), with ENVIRONMENT added
+# to the MPI test environment and ARGS passed to the program.
 function(td_add_mpi_test_runs)
   cmake_parse_arguments(PARSE_ARGV 0 arg "" "NAME;TARGET;TIMEOUT" "RANKS;LABELS;ENVIRONMENT;ARGS")
   if(NOT arg_NAME OR NOT arg_TARGET)
