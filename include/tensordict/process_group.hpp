@@ -60,7 +60,8 @@ struct InitOptions {
 TD_API void init_process_group(const InitOptions& options = {});
 /// Initialises MPI with the program's arguments unless the caller already did; idempotent.
 TD_API void init_process_group(int& argc, char**& argv, const InitOptions& options = {});
-/// Frees the groups' state and finalizes MPI if (and only if) init_process_group initialised it.
+/// Frees the groups' state and finalizes MPI if (and only if) init_process_group initialised it;
+/// throws td::MpiError if MPI_Finalize fails.
 TD_API void destroy_process_group();
 /// Whether init_process_group has run (and destroy_process_group has not).
 TD_API bool is_initialized();

@@ -217,9 +217,15 @@ void destroy_process_group() {
   rt.groups.clear();
   rt.world.reset();
   if (!finalized) detail::free_mpi_types();
-  if (rt.we_initialized_mpi && !finalized) MPI_Finalize();
+  const bool finalize = rt.we_initialized_mpi && !finalized;
   rt.we_initialized_mpi = false;
   rt.initialized = false;
+  if (!finalize) return;
+  // Open MPI tells mpiexec about the finalize last, so a failed MPI_Finalize may not have: the
+  // process would then exit with status 0 and mpiexec report only that it "exited improperly"
+  // (issue 32). MPI_Error_string may no longer be called: the code only.
+  const int rc = MPI_Finalize();
+  if (rc != MPI_SUCCESS) throw MpiError(fmt::format("MPI_Finalize failed (error code {})", rc));
 }
 
 ProcessGroup world() {
