@@ -247,7 +247,7 @@ int gather_results(int rank, int size, int result) {
       line += " FAILED (exit code " + std::to_string(v[0]) + ", no failed assertion)";
     }
   }
-  if (rank == 0 && size > 1) std::cout << line << "; all finalize now" << std::endl;
+  if (rank == 0 && size > 1) std::cout << line + "; all finalize now\n" << std::flush;
   return static_cast<int>(std::min<long long>(agreed, 255));
 }
 
@@ -317,21 +317,25 @@ int main(int argc, char* argv[]) {
     td::abort("[rank " + std::to_string(rank) +
                   "] destroy_process_group returned with MPI still initialised (not finalized)",
               1);
-  if (std::getenv("TD_TEST_TRACE_EXIT") != nullptr)
-    std::cerr << "[rank " << rank << "] trace: destroy_process_group took " << seconds << " s\n"
+  // Each line in one write: std::cerr's pieces would interleave with the other ranks' lines.
+  const std::string took = "[rank " + std::to_string(rank) + "] " +
+                           (std::getenv("TD_TEST_TRACE_EXIT") != nullptr ? "trace: " : "") +
+                           "destroy_process_group took " + std::to_string(seconds) + " s";
+  if (seconds >= kSlowDestroySeconds) {
+    std::cerr << took +
+                     " (Open MPI's PMIx client waits at most 2 s for mpiexec to acknowledge the "
+                     "finalize, then lets the rank exit: mpiexec may see the exit first and report "
+                     "that the rank exited improperly, unless orte_allowed_exit_without_sync is "
+                     "set as under CTest)\n"
               << std::flush;
-  if (seconds >= kSlowDestroySeconds)
-    std::cerr << "[rank " << rank << "] destroy_process_group took " << seconds
-              << " s (Open MPI's PMIx client waits at most 2 s for mpiexec to acknowledge the "
-                 "finalize, then lets the rank exit: mpiexec may see the exit first and report "
-                 "that the rank exited improperly, unless orte_allowed_exit_without_sync is set "
-                 "as under CTest)\n"
-              << std::flush;
+  } else if (std::getenv("TD_TEST_TRACE_EXIT") != nullptr) {
+    std::cerr << took + "\n" << std::flush;
+  }
   g_phase = kReturning;
   return agreed;
 #else
   if (!escaped.empty()) {
-    std::cerr << exception_line << '\n' << std::flush;
+    std::cerr << exception_line + '\n' << std::flush;
     return 1;
   }
   return result;
