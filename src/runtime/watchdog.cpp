@@ -95,6 +95,9 @@ class Watchdog {
     // collective may also be the one that cannot be reached), end this process regardless.
     std::thread([] {
       std::this_thread::sleep_for(std::chrono::seconds(10));
+      // Said, so that this way out is not a silent one (issue 32).
+      std::fputs("[td] the watchdog's MPI_Abort did not end the job within 10 s: exiting\n",
+                 stderr);
       std::_Exit(1);
     }).detach();
     td::abort(fmt::format("td::TimeoutError: {} did not complete before its timeout, inside a "
