@@ -253,8 +253,14 @@ TEST_CASE("clone, equal, apply", "[tensorclass]") {
   CHECK(zeros.step == 7);
   CHECK(zeros.obs.joints.to_vector<double>() == std::vector<double>(kB * 7, 0.0));
   CHECK(b.obs.joints.to_vector<double>() == std::vector<double>(kB * 7, 2.0));
-  // The results must still start with the batch size (TensorDict::apply checks it).
-  CHECK_THROWS_AS(b.apply([](const Tensor& t) { return t.slice(0, 0, 2); }), std::invalid_argument);
+  // The results may change the batch size (issue 31), but must agree on it.
+  const Batch head = b.apply([](const Tensor& t) { return t.slice(0, 0, 2); });
+  CHECK(head.batch_size() == td::Shape{2});
+  CHECK(head.step == 7);
+  CHECK_THROWS_AS(b.apply([](const Tensor& t) {
+    return t.dtype() == DType::Int64 ? t.slice(0, 0, 1) : t.slice(0, 0, 2);
+  }),
+                  std::invalid_argument);
 }
 
 TEST_CASE("consolidate rebinds the fields to one storage per dtype", "[tensorclass]") {

@@ -6,6 +6,7 @@
 #include <complex>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string_view>
 #include <type_traits>
 
@@ -46,6 +47,8 @@ inline constexpr std::size_t kNumDTypes = 0
 
 /// The dtype's name as torch spells it after "torch.": "float32", "int64", ...
 TD_API std::string_view name(DType dtype);
+/// The dtype named `name` as name() spells it ("float32", "int64", ...); nullopt for any other.
+TD_API std::optional<DType> dtype_from_name(std::string_view name);
 /// Size of one element in bytes.
 TD_API std::size_t itemsize(DType dtype);
 

@@ -70,8 +70,25 @@ class TD_API TensorDict {
 
   /// A deep copy (every leaf cloned).
   TensorDict clone() const;
-  /// A new dict with fn applied to every leaf (same structure and batch size).
+  /// A new dict with fn applied to every leaf (same structure). The results may change the batch
+  /// size: each dict keeps its number of batch dimensions and takes their sizes from its results,
+  /// which must all agree (std::invalid_argument naming the key otherwise).
   TensorDict apply(const std::function<Tensor(const Tensor&)>& fn) const;
+  /// A new dict with fn(leaf, other's leaf at the same key) at every key; `other` must have the
+  /// same keys (td::LayoutMismatchError naming the first that differs). Batch size as apply(fn).
+  TensorDict apply(const std::function<Tensor(const Tensor&, const Tensor&)>& fn,
+                   const TensorDict& other) const;
+  /// Rows [start, stop) with `step` of every leaf's first dimension (clamped like Python), as
+  /// views sharing storage; batch_size()[0] becomes the number of rows. Needs a batch dimension.
+  TensorDict slice(std::int64_t start, std::int64_t stop, std::int64_t step = 1) const;
+  /// Views of consecutive groups of `rows` rows along the first batch dimension; the last part
+  /// may be shorter (torch.split). A batch of 0 rows gives one empty part.
+  std::vector<TensorDict> split(std::int64_t rows) const;
+  /// In place, every leaf += alpha * other's leaf at the same key (same keys, dtypes and shapes,
+  /// checked before any leaf changes). Integer leaves need an integral alpha; bool leaves refuse.
+  TensorDict& add_(const TensorDict& other, double alpha = 1.0);
+  /// In place, every leaf *= factor (integer leaves need an integral factor; bool leaves refuse).
+  TensorDict& mul_(double factor);
   /// A one-level dict whose keys are the nested paths joined by `sep`.
   TensorDict flatten_keys(const std::string& sep = ".") const;
   /// The inverse of flatten_keys: splits every key at `sep` into a nested path.
@@ -166,6 +183,22 @@ class TD_API TensorDict {
 /// each leaf [n, *shape], batch size [n, *batch_size] (torch.stack of TensorDicts). Throws
 /// td::LayoutMismatchError naming the first dict and key that differ.
 TD_API TensorDict stack(const std::vector<TensorDict>& dicts);
+
+/// The dicts (same keys and dtypes; shapes and batch sizes equal except along `dim`) concatenated
+/// along batch dimension `dim` (negative: from the end of the batch size) into new storage
+/// (torch.cat of TensorDicts). Throws td::LayoutMismatchError naming the first dict and key that
+/// differ, std::invalid_argument for no dicts, a dim outside the batch size or a sparse leaf.
+TD_API TensorDict cat(const std::vector<TensorDict>& dicts, std::int64_t dim = 0);
+
+/// A dict of the same structure and batch sizes whose leaves are new zero tensors of the same
+/// dtypes and shapes (sparse leaves: sparse, with no entries).
+TD_API TensorDict zeros_like(const TensorDict& dict);
+
+/// Whether both dicts have the same keys, batch sizes and leaf shapes, and every element pair
+/// satisfies |a - b| <= atol + rtol * |b| (torch.allclose; NaN is never close, equal infinities
+/// are). Leaves of different dtypes are compared by value.
+TD_API bool allclose(const TensorDict& a, const TensorDict& b, double rtol = 1e-5,
+                     double atol = 1e-8);
 
 /// Prints the dict's structure: keys, shapes and dtypes.
 TD_API std::string to_string(const TensorDict& d);

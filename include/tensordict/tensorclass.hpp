@@ -349,11 +349,42 @@ class TensorClass {
     detail::TensorClassAccess::rebind(out, to_tensordict().clone());
     return out;
   }
-  /// A copy with fn applied to every field (results must still start with the batch size).
+  /// A copy with fn applied to every field; the results may change the batch size, as
+  /// TensorDict::apply (members that are not fields are copied as they are).
   Derived apply(const std::function<Tensor(const Tensor&)>& fn) const {
-    Derived out = derived();
-    detail::TensorClassAccess::rebind(out, to_tensordict().apply(fn));
+    return with_dict(to_tensordict().apply(fn));
+  }
+  /// A copy with fn(field, other's same field) in every field (TensorDict::apply(fn, other)).
+  Derived apply(const std::function<Tensor(const Tensor&, const Tensor&)>& fn,
+                const Derived& other) const {
+    return with_dict(to_tensordict().apply(fn, other.to_tensordict()));
+  }
+  /// Rows [start, stop) with `step` of every field, as views (TensorDict::slice).
+  Derived slice(std::int64_t start, std::int64_t stop, std::int64_t step = 1) const {
+    return with_dict(to_tensordict().slice(start, stop, step));
+  }
+  /// Views of consecutive groups of `rows` rows; the last may be shorter (TensorDict::split).
+  std::vector<Derived> split(std::int64_t rows) const {
+    std::vector<Derived> out;
+    for (const TensorDict& d : to_tensordict().split(rows)) out.push_back(with_dict(d));
     return out;
+  }
+  /// In place, every field += alpha * other's same field (TensorDict::add_; checked first).
+  Derived& add_(const Derived& other, double alpha = 1.0) {
+    const TensorDict theirs = other.to_tensordict();
+    in_place([&](TensorDict& d) {
+      d.add_(theirs, alpha);
+      return std::vector<Work>{};
+    });
+    return derived();
+  }
+  /// In place, every field *= factor (TensorDict::mul_).
+  Derived& mul_(double factor) {
+    in_place([&](TensorDict& d) {
+      d.mul_(factor);
+      return std::vector<Work>{};
+    });
+    return derived();
   }
   /// Sets every field to zero in place.
   Derived& zero_() {
@@ -486,6 +517,14 @@ class TensorClass {
     return works;
   }
 
+  // A copy of this struct (members that are not fields included) holding `d`'s leaves and batch
+  // sizes: what an operation that may change the batch size returns.
+  Derived with_dict(const TensorDict& d) const {
+    Derived out = derived();
+    detail::TensorClassAccess::load(out, d, "", Derived::td_tensorclass_name());
+    return out;
+  }
+
   static std::vector<Derived> from_dicts(const std::vector<TensorDict>& dicts) {
     std::vector<Derived> out;
     out.reserve(dicts.size());
@@ -503,6 +542,31 @@ inline TensorDict to_tensordict(const TensorDict& d) { return d; }
 template <TensorClassType T>
 TensorDict to_tensordict(const T& x) {
   return x.to_tensordict();
+}
+
+/// The structs concatenated along batch dimension `dim` into new storage (td::cat of their
+/// dicts); members that are not fields are copied from xs[0].
+template <TensorClassType T>
+T cat(const std::vector<T>& xs, std::int64_t dim = 0) {
+  std::vector<TensorDict> dicts;
+  dicts.reserve(xs.size());
+  for (const T& x : xs) dicts.push_back(x.to_tensordict());
+  const TensorDict joined = cat(dicts, dim);  // throws for an empty list before xs[0] is read
+  T out = xs[0];
+  detail::TensorClassAccess::load(out, joined, "", T::td_tensorclass_name());
+  return out;
+}
+/// A copy whose fields are new zero tensors of the same dtypes and shapes.
+template <TensorClassType T>
+T zeros_like(const T& x) {
+  T out = x;
+  detail::TensorClassAccess::rebind(out, zeros_like(x.to_tensordict()));
+  return out;
+}
+/// td::allclose of the two structs' dicts.
+template <TensorClassType T>
+bool allclose(const T& a, const T& b, double rtol = 1e-5, double atol = 1e-8) {
+  return allclose(a.to_tensordict(), b.to_tensordict(), rtol, atol);
 }
 
 /// Prints the struct's fields (shapes and dtypes) in declaration order, like TensorDict's

@@ -13,6 +13,14 @@ std::string_view name(DType dtype) {
   });
 }
 
+std::optional<DType> dtype_from_name(std::string_view n) {
+  for (std::size_t i = 0; i < kNumDTypes; ++i) {
+    const auto d = static_cast<DType>(i);
+    if (name(d) == n) return d;
+  }
+  return std::nullopt;
+}
+
 std::size_t itemsize(DType dtype) {
   return visit(dtype, [](auto tag) { return sizeof(typename decltype(tag)::type); });
 }

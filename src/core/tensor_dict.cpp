@@ -343,17 +343,7 @@ std::size_t TensorDict::size() const { return impl().entries.size(); }
 bool TensorDict::empty() const { return impl().entries.empty(); }
 const Shape& TensorDict::batch_size() const { return impl().batch_size; }
 
-TensorDict TensorDict::apply(const std::function<Tensor(const Tensor&)>& fn) const {
-  TensorDict out(impl().batch_size);
-  for (const auto& e : impl().entries) {
-    if (const auto* t = std::get_if<Tensor>(&e.value)) {
-      out.set(Key(e.name), fn(*t));
-    } else {
-      out.set(Key(e.name), std::get<TensorDict>(e.value).apply(fn));
-    }
-  }
-  return out;
-}
+// apply, slice, split, cat, add_, mul_: dict_transform.cpp.
 
 TensorDict TensorDict::clone() const {
   return apply([](const Tensor& t) { return t.clone(); });
