@@ -40,6 +40,10 @@ struct ReducerOptions {
   std::vector<Key> ready_order = {};
   /// float32/float64 buckets travel as 16-bit floats (see docs/training.md for the error).
   Compression compression = Compression::None;
+  /// Ranks may run different numbers of steps (DDP's Join): a rank out of data calls join(), and
+  /// the others' steps complete with it contributing zeros. Costs one 4-byte allreduce per step
+  /// (posted before the buckets, never waited for alone). SUM and AVG only.
+  bool uneven_inputs = false;
 };
 
 /// Reduces a dict of gradients across a group bucket by bucket while the backward pass runs.
@@ -79,6 +83,13 @@ class TD_API Reducer {
   /// Launches the buckets not launched yet (leaves never marked are reduced with the values they
   /// hold), waits for every bucket and ends the step: every leaf holds its reduced value.
   void finish();
+
+  /// With ReducerOptions::uneven_inputs: this rank has no more data. Until every rank of the
+  /// group has joined, it shadows the steps the others still run (its buckets zeroed, so it
+  /// contributes zeros; AVG still divides by the group size); returns when every rank has
+  /// joined, the Reducer ready for new steps. Throws std::invalid_argument without
+  /// uneven_inputs, td::Error inside a step (that step is finished first).
+  void join();
 
   /// Number of buckets, in launch order.
   std::size_t num_buckets() const;

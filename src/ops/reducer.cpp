@@ -95,15 +95,29 @@ struct Reducer::Impl {
   std::string failure;       // a failed finish(): every later call throws it
   std::uint64_t generation = 0, stamp = 0;
   std::vector<std::shared_ptr<detail::WorkState>> launched;  // by this call (capacity reserved)
+  // uneven_inputs (DDP's Join): every step starts with `flag`, a one-int32 SUM bucket holding
+  // this rank's vote (1: it runs the step, 0: it has joined), posted on the lane before the
+  // step's buckets, so the k-th flag of every rank matches. A joined rank reads the sum: the
+  // number of ranks still running steps.
+  bool uneven = false;
+  Bucket flag;
 
   ~Impl() {
-    for (auto& b : buckets) {
-      if (!b.work) continue;
+    for (Bucket* b : in_flight()) {
       try {
-        b.work->wait();
+        b->work->wait();
       } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor reports nothing
       }
     }
+  }
+
+  // The buckets (the flag first) launched in this step.
+  std::vector<Bucket*> in_flight() {
+    std::vector<Bucket*> out;
+    if (flag.work) out.push_back(&flag);
+    for (auto& b : buckets)
+      if (b.work) out.push_back(&b);
+    return out;
   }
 
   void check_usable(std::string_view what) const {
@@ -184,6 +198,15 @@ struct Reducer::Impl {
     in_step = true;
     step_on_thread = async_progress_enabled();
     layout_error = find_layout_change();
+    if (uneven) launch_flag(1);
+  }
+
+  // Posts this rank's vote for the next step (see `flag`).
+  void launch_flag(std::int32_t runs_step) {
+    flag.storage.data<std::int32_t>()[0] = runs_step;
+    launched.clear();
+    launch(flag, ReduceOp::SUM);
+    detail::progress_add(launched);
   }
 
   // Starts bucket b's reduction in place (the bucket's storage, or its 16-bit copy when
@@ -193,13 +216,13 @@ struct Reducer::Impl {
   // buckets were handed over): mark_ready then posts nothing and converts nothing (its only MPI
   // calls are async_progress_enabled()'s thread-level queries), and never waits on Open MPI's
   // locks while the thread is inside MPI. Without it, here.
-  void launch(std::size_t b) {
-    Bucket& bk = buckets[b];
+  void launch(Bucket& bk, ReduceOp bucket_op) {
     auto st = std::make_shared<detail::WorkState>();
     st->deadline = detail::deadline_after(timeout);
     st->describe = [d = bk.describe] { return d; };
     st->keep_alive.push_back(bk.storage);
-    const detail::CollectiveCall call{detail::CollectiveKind::AllReduce, op, 0, "Reducer", true};
+    const detail::CollectiveCall call{detail::CollectiveKind::AllReduce, bucket_op, 0, "Reducer",
+                                      true};
     std::optional<DType> compressed;
     if (bk.wire.defined()) compressed = bk.wire.dtype();
     detail::InPlaceBucket ib(bk.dtype, bk.nbytes,
@@ -230,7 +253,8 @@ struct Reducer::Impl {
     launched.clear();
     const auto mode = step_on_thread ? detail::ProgressMode::Thread : detail::ProgressMode::Manual;
     try {
-      while (next < buckets.size() && (all || buckets[next].pending == 0)) launch(next++);
+      while (next < buckets.size() && (all || buckets[next].pending == 0))
+        launch(buckets[next++], op);
     } catch (...) {
       if (!launched.empty()) detail::progress_add(launched, mode);
       throw;
@@ -244,6 +268,7 @@ struct Reducer::Impl {
       b.pending = b.leaves.size();
       b.work.reset();
     }
+    flag.work.reset();
     next = 0;
     in_step = false;
     layout_error.clear();
@@ -288,6 +313,7 @@ Reducer::Reducer(TensorDict& grads, ReducerOptions opts) : impl_(std::make_uniqu
   m.dict = &grads;
   m.op = opts.op;
   m.compression = opts.compression;
+  m.uneven = opts.uneven_inputs;
 
   auto in = detail::dict_leaves(grads, /*with_cache=*/false);
   std::string err = std::move(in.error);
@@ -322,6 +348,9 @@ Reducer::Reducer(TensorDict& grads, ReducerOptions opts) : impl_(std::make_uniqu
   if (opts.compression != Compression::None && opts.op != ReduceOp::SUM && opts.op != ReduceOp::AVG)
     note(fmt::format("compression {} supports SUM and AVG, not {}", name(opts.compression),
                      name(opts.op)));
+  if (opts.uneven_inputs && opts.op != ReduceOp::SUM && opts.op != ReduceOp::AVG)
+    note(fmt::format("uneven_inputs supports SUM and AVG (a joined rank contributes zeros), not {}",
+                     name(opts.op)));
   const std::vector<std::size_t> seq =
       ready_sequence(opts.ready_order, m.leaves.size(), m.members, err);
 
@@ -335,6 +364,7 @@ Reducer::Reducer(TensorDict& grads, ReducerOptions opts) : impl_(std::make_uniqu
   }
   if (opts.compression != Compression::None)
     call_name += fmt::format("[compression {}]", name(opts.compression));
+  if (opts.uneven_inputs) call_name += "[uneven_inputs]";
 
   CollectiveOptions copts;
   copts.group = opts.group;
@@ -405,8 +435,23 @@ Reducer::Reducer(TensorDict& grads, ReducerOptions opts) : impl_(std::make_uniqu
         b, m.buckets.size(), name(bk.dtype), bk.nbytes,
         bk.wire.defined() ? fmt::format(" sent as {}", name(bk.wire.dtype())) : std::string(),
         bk.leaves.size(), m.leaves[bk.leaves[0]].key.str(), m.group->size);
+    // What a timeout of a bucket most often means: the ranks ran different numbers of steps.
+    if (!m.uneven)
+      bk.describe +=
+          " (if the ranks ran different numbers of steps, e.g. an extra finish() on one rank "
+          "with ragged data: ReducerOptions::uneven_inputs and Reducer::join() handle that)";
   }
 
+  if (m.uneven) {
+    m.flag.dtype = DType::Int32;
+    m.flag.nbytes = sizeof(std::int32_t);
+    m.flag.storage = Tensor::zeros({1}, DType::Int32);
+    m.flag.describe = fmt::format(
+        "Reducer step flag (uneven_inputs: 4 B, the vote of every rank for the next step) in a "
+        "group of {} ranks (a rank out of data must call join(); one that stopped calling the "
+        "Reducer without join() leaves the others waiting here)",
+        m.group->size);
+  }
   m.launched.reserve(m.buckets.size());
   // Remember what each leaf is now, for the layout check of every step.
   const auto& refs = detail::DictAccess::canonical(grads);
@@ -478,10 +523,9 @@ void Reducer::finish() {
     error = e.what();
   }
   std::exception_ptr first;
-  for (auto& b : m.buckets) {
-    if (!b.work) continue;
+  for (Impl::Bucket* b : m.in_flight()) {
     try {
-      b.work->wait();
+      b->work->wait();
     } catch (const std::exception& e) {
       if (!first) first = std::current_exception();
       if (error.empty()) error = e.what();
@@ -504,6 +548,40 @@ void Reducer::finish() {
                     "in the buckets, not in the new tensors",
                     layout_error));
   }
+}
+
+void Reducer::join() {
+  Impl& m = *impl_;
+  m.check_usable("join");
+  if (!m.uneven)
+    throw std::invalid_argument(
+        "Reducer.join: needs ReducerOptions::uneven_inputs = true at construction, on every rank "
+        "(without it, every rank must run the same number of steps)");
+  if (m.in_step) {
+    finish();
+    throw Error(
+        "Reducer.join: called inside a step (mark_ready() since the last finish()); that step "
+        "was finished with this rank's gradients. Call join() after finish(), when this rank "
+        "has no data for another step");
+  }
+  for (;;) {
+    try {
+      m.launch_flag(0);
+      m.flag.work->wait();
+    } catch (const std::exception& e) {
+      m.failure = e.what();
+      m.reset_step();
+      throw;
+    }
+    const std::int32_t running = m.flag.storage.data<std::int32_t>()[0];
+    m.flag.work.reset();
+    if (running == 0) break;
+    // Shadow the step the others run: the same buckets, in the same order, holding zeros.
+    for (auto& b : m.buckets) b.storage.zero_();
+    m.in_step = true;
+    finish();
+  }
+  m.reset_step();
 }
 
 std::size_t Reducer::num_buckets() const { return impl_->buckets.size(); }
