@@ -7,7 +7,9 @@
 // in the same order on every rank:
 //   compute alone; communication alone (all_reduce auto, the Reducer's buckets, a pre-packed
 //   MPI_Allreduce of the same bytes, for AVG followed by the division); backward then all_reduce
-//   (auto); backward with the Reducer (and with the Reducer and BF16 compression).
+//   (auto); backward with the Reducer (and with the Reducer and BF16 compression); what
+//   ReducerOptions::uneven_inputs costs when nobody joins (its buckets alone, its backward step,
+//   and 100 steps of a one-bucket 1 KiB Reducer with and without it: the flag's latency).
 // Besides the ratios, it prints the best step any reducer could reach with this backward pass
 // (overlap_bound): the last layer's communication cannot start before all compute has ended.
 // Timing: a barrier, one step timed with MPI_Wtime on every rank, the MAX over ranks; medians
@@ -120,17 +122,30 @@ int run(int argc, char** argv) {
   td::TensorDict plain = td_bench::build_dict(w, false);
   td::TensorDict bucketed = td_bench::build_dict(w, false);
   td::TensorDict compressed = td_bench::build_dict(w, false);
-  for (td::TensorDict* d : {&plain, &bucketed, &compressed}) td_bench::fill_known(*d, op, rank);
+  td::TensorDict joinable = td_bench::build_dict(w, false);
+  for (td::TensorDict* d : {&plain, &bucketed, &compressed, &joinable})
+    td_bench::fill_known(*d, op, rank);
   const td::CollectiveOptions auto_opts{.bucket_bytes = td::kAutoBucketBytes};
   td::Reducer reducer(bucketed, {.op = op, .bucket_bytes = reducer_cap});
   td::Reducer reducer_bf16(
       compressed, {.op = op, .bucket_bytes = reducer_cap, .compression = td::Compression::BF16});
+  // What uneven_inputs costs when nobody joins: one 4-byte allreduce per step before the buckets.
+  td::Reducer reducer_uneven(joinable,
+                             {.op = op, .bucket_bytes = reducer_cap, .uneven_inputs = true});
+  // The same on a step that is nothing but latency: one 1 KiB bucket.
+  td::TensorDict tiny, tiny_uneven;
+  for (td::TensorDict* d : {&tiny, &tiny_uneven})
+    d->set("g", td::Tensor::zeros({256}, td::DType::Float32));
+  td::Reducer reducer_tiny(tiny, {.op = op});
+  td::Reducer reducer_tiny_uneven(tiny_uneven, {.op = op, .uneven_inputs = true});
 
   // Correctness guard: one step of each path gives the same bits.
   plain.all_reduce(op, auto_opts);
   for (const auto& l : layers) reducer.mark_ready(l.key);
   reducer.finish();
-  if (!td_bench::all_ranks(plain.equal(bucketed))) {
+  for (const auto& l : layers) reducer_uneven.mark_ready(l.key);
+  reducer_uneven.finish();
+  if (!td_bench::all_ranks(plain.equal(bucketed) && plain.equal(joinable))) {
     if (rank == 0) fmt::print(stderr, "bench_backward: Reducer result differs from all_reduce\n");
     td::destroy_process_group();
     return 1;
@@ -239,6 +254,26 @@ int run(int argc, char** argv) {
       {"spin compute alone", [&] { compute_alone(spin); }, {}},
       {"spin: backward then all_reduce(auto)", [&] { then_allreduce(spin); }, {}},
       {"spin: backward with Reducer", [&] { with_reducer(spin, reducer); }, {}},
+      {"communication: Reducer buckets, uneven_inputs", [&] { comm_reducer(reducer_uneven); }, {}},
+      {"idle: backward with Reducer, uneven_inputs",
+       [&] { with_reducer(idle, reducer_uneven); },
+       {}},
+      {"100 tiny steps (one 1 KiB bucket): Reducer",
+       [&] {
+         for (int i = 0; i < 100; ++i) {
+           reducer_tiny.mark_ready("g");
+           reducer_tiny.finish();
+         }
+       },
+       {}},
+      {"100 tiny steps: Reducer, uneven_inputs",
+       [&] {
+         for (int i = 0; i < 100; ++i) {
+           reducer_tiny_uneven.mark_ready("g");
+           reducer_tiny_uneven.finish();
+         }
+       },
+       {}},
   };
   for (auto& s : series) s.run();  // warm-up
   for (int r = 0; r < rounds; ++r) {
@@ -295,6 +330,12 @@ int run(int argc, char** argv) {
         "# BF16 buckets alone: {}; largest error of a BF16 step against the exact one = {:.2e} "
         "of the largest gradient\n",
         td_bench::speed_phrase(med(2), med(1), "uncompressed"), bf16_rel);
+    fmt::print(
+        "# uneven_inputs, nobody joined: Reducer buckets alone {:.3f}x without ({:+.3f} ms); "
+        "idle backward step {:.3f}x without ({:+.3f} ms); tiny step {:.1f} us -> {:.1f} us "
+        "({:+.1f} us per step)\n",
+        med(11) / med(1), med(11) - med(1), med(12) / med(6), med(12) - med(6), med(13) * 10,
+        med(14) * 10, (med(14) - med(13)) * 10);
   }
   if (rank == 0)
     fmt::print(
