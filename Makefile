@@ -27,7 +27,7 @@ CXX_FILES = $(shell git ls-files --cached --others --exclude-standard -- '*.cpp'
 # Prerequisites run in order (deps before configure); parallelism lives inside cmake --build.
 .NOTPARALLEL:
 .PHONY: deps configure build test bench docs format format-check lint clean fuzz test-asan test-tsan \
-        test-cluster bench-cluster test-stress
+        test-cluster bench-cluster test-stress install configure-install
 
 deps:
 	@missing=""; \
@@ -108,6 +108,20 @@ bench: deps configure
 	$(MPIRUN) --allow-run-as-root --oversubscribe -np 2 $(BENCH_ENV) $(BUILD_DIR)/bin/bench_allreduce \
 	  --progress $$(if [ -t 2 ]; then echo line; else echo log; fi) \
 	  --csv $(BUILD_DIR)/bench/allreduce.csv --plot-dir $(BUILD_DIR)/bench $(BENCH_ARGS)
+
+# The library alone, for programs that only use it: its own build tree, configured without the
+# tests, benchmarks and examples, so the build makes only what is installed (the library and
+# td-autotune), then installs it into PREFIX. `make test` / `make bench` keep using build/.
+PREFIX            ?= /usr/local
+INSTALL_BUILD_DIR ?= $(BUILD_DIR)-install
+configure-install:
+	$(CMAKE) -S . -B $(INSTALL_BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
+	  -DCMAKE_INSTALL_PREFIX=$(PREFIX) -DTD_BUILD_TESTS=OFF -DTD_BUILD_BENCHMARKS=OFF \
+	  -DTD_BUILD_EXAMPLES=OFF -DTD_WARNINGS_AS_ERRORS=$(WERROR) $(CMAKE_ARGS)
+
+install: configure-install
+	$(CMAKE) --build $(INSTALL_BUILD_DIR) -j$(JOBS)
+	$(CMAKE) --install $(INSTALL_BUILD_DIR) --prefix $(PREFIX)
 
 # configure first: the generated version.hpp is part of the documented API.
 docs: configure
