@@ -538,3 +538,25 @@ TEST_CASE("send to a receiver of another layout fails on both sides", "[exchange
     CHECK(is_dict_of(got, 0));
   }
 }
+
+TEST_CASE("gather of ragged rollouts points at gather_dicts", "[exchange][errors]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  if (size < 2) return;
+  TensorDict rollout(td::Shape{rank + 1});  // a different number of rows on every rank
+  rollout.set("obs", Tensor::zeros({rank + 1, 3}, td::DType::Float32));
+  for (int round = 0; round < 2; ++round) {
+    try {
+      if (round == 0) {
+        (void)rollout.gather(0);
+      } else {
+        (void)rollout.all_gather();
+      }
+      FAIL("gathering ragged dicts must throw");
+    } catch (const td::LayoutMismatchError& e) {
+      CHECK_THAT(e.what(), Catch::Contains("key 'obs'") && Catch::Contains("td::gather_dicts"));
+    }
+  }
+  // The recipe the message gives works.
+  const auto all = td::all_gather_dicts(rollout);
+  CHECK(all.back().batch_size() == td::Shape{size});
+}

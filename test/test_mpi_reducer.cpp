@@ -332,6 +332,11 @@ TEST_CASE("reducer: misuse is a clear error naming the key", "[reducer][errors]"
 
   CHECK_THROWS_AS(reducer.mark_ready("nope"), td::KeyError);
   CHECK_THROWS_WITH(reducer.mark_ready(Key({"enc", "x"})), Catch::Contains("'enc.x'"));
+  // A typo lists the nearest keys (issue 31); a key far from all of them lists none.
+  CHECK_THROWS_WITH(reducer.mark_ready(Key({"enc", "ww"})),
+                    Catch::Contains("(did you mean 'enc.w'"));
+  CHECK_THROWS_WITH(reducer.mark_ready("dce"), Catch::Contains("did you mean 'dec'"));
+  CHECK_THROWS_WITH(reducer.mark_ready("nope"), !Catch::Contains("did you mean"));
   CHECK_FALSE(reducer.in_step());
 
   reducer.mark_ready({"enc", "w"});

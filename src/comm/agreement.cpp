@@ -127,9 +127,16 @@ std::string by_rank(const std::vector<std::string>& texts) {
     std::vector<std::string> holds = diff->holds;
     for (auto& h : holds)
       if (h.empty()) h = "no such key";
-    throw LayoutMismatchError(
-        fmt::format("{}: the ranks' TensorDicts differ at key '{}': {} (no data was sent)",
-                    call.name, diff->key, by_rank(holds)));
+    // The gathers' usual cause: data of a different size on every rank (ragged rollouts).
+    const bool gathers =
+        call.kind == CollectiveKind::AllGather || call.kind == CollectiveKind::Gather;
+    throw LayoutMismatchError(fmt::format(
+        "{}: the ranks' TensorDicts differ at key '{}': {} (no data was sent){}", call.name,
+        diff->key, by_rank(holds),
+        gathers ? "; dicts whose keys or shapes differ per rank (e.g. rollouts of different "
+                  "lengths) are gathered by td::gather_dicts / td::all_gather_dicts, which need "
+                  "no common layout"
+                : ""));
   }
   throw LayoutMismatchError(
       fmt::format("{}: the ranks' layouts hash differently but print identically", call.name));

@@ -37,6 +37,50 @@ std::string lookup_string(const Key& key) {
   return s;
 }
 
+// Levenshtein distance (for the keys a mistyped mark_ready key most likely meant).
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diag = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// " (did you mean 'x', 'y'?)": the leaf and sub-dict keys nearest to `key`, at most 3, or "".
+std::string nearest_keys(const Key& key, const std::vector<Key>& leaf_keys) {
+  std::vector<std::string> names;  // every leaf and sub-dict key, printed
+  for (const Key& k : leaf_keys) {
+    std::vector<std::string> parts;
+    for (const auto& p : k.parts()) {
+      parts.push_back(p);
+      names.push_back(Key(parts).str());
+    }
+  }
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  const std::string want = key.str();
+  const std::size_t limit = std::max<std::size_t>(2, want.size() / 3);
+  std::vector<std::pair<std::size_t, std::string>> near;
+  for (auto& n : names) {
+    const std::size_t d = edit_distance(want, n);
+    if (d <= limit) near.emplace_back(d, std::move(n));
+  }
+  if (near.empty()) return {};
+  std::stable_sort(near.begin(), near.end(),
+                   [](const auto& x, const auto& y) { return x.first < y.first; });
+  std::vector<std::string> quoted;
+  for (std::size_t i = 0; i < std::min<std::size_t>(3, near.size()); ++i)
+    quoted.push_back("'" + near[i].second + "'");
+  return fmt::format(" (did you mean {}?)", fmt::join(quoted, ", "));
+}
+
 std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
   h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
   return h * 0xff51afd7ed558ccdULL;
@@ -487,10 +531,14 @@ void Reducer::mark_ready(const Key& key) {
   Impl& m = *impl_;
   m.check_usable("mark_ready");
   auto it = m.members.find(lookup_string(key));
-  if (it == m.members.end())
+  if (it == m.members.end()) {
+    std::vector<Key> known;
+    known.reserve(m.leaves.size());
+    for (const auto& l : m.leaves) known.push_back(l.key);
     throw KeyError(fmt::format(
-        "Reducer.mark_ready: key '{}' is not a leaf or sub-dict of the Reducer's gradients",
-        key.str()));
+        "Reducer.mark_ready: key '{}' is not a leaf or sub-dict of the Reducer's gradients{}",
+        key.str(), nearest_keys(key, known)));
+  }
   for (std::size_t i : it->second)
     if (m.leaves[i].ready)
       throw Error(fmt::format(

@@ -834,10 +834,20 @@ TensorDict recv_dict(int src, const CollectiveOptions& opts) {
   const MPI_Comm comm = p.g->comm;
 
   hold->words.assign(kHeaderWords, 0);
+  // The likely cause of a timeout here: the peer never started its send.
+  detail::Step header(
+      p.deadline,
+      [&] {
+        return fmt::format(
+            "{} timed out: rank {} did not call send_dict to rank {} (with tag {}) within the "
+            "timeout",
+            describe(), src, p.g->rank, opts.tag.value_or(0));
+      },
+      hold, what);
+  header.post(detail::recv_call(hold->words.data(), kHeaderWords, MPI_UINT64_T, src, p.tag, comm),
+              "header");
+  header.wait();
   detail::Step step(p.deadline, describe, hold, what);
-  step.post(detail::recv_call(hold->words.data(), kHeaderWords, MPI_UINT64_T, src, p.tag, comm),
-            "header");
-  step.wait();
   const std::uint64_t status = hold->words[0];
   const std::uint64_t per_segment = hold->words[2];
   Sizes sizes{};
