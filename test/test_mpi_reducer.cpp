@@ -7,11 +7,15 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <functional>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include <tensordict/tensordict.hpp>
 
@@ -518,4 +522,49 @@ TEST_CASE("set_async_progress toggled between two mark_ready calls keeps the buc
     }
   }
   td::set_async_progress(was);
+}
+
+namespace {
+// What the library writes to stderr while fn runs (fd 2 redirected to a temporary file).
+std::string stderr_of(const std::function<void()>& fn) {
+  std::fflush(stderr);
+  std::FILE* tmp = std::tmpfile();
+  REQUIRE(tmp != nullptr);
+  const int saved = dup(2);
+  dup2(fileno(tmp), 2);
+  fn();
+  std::fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  std::rewind(tmp);
+  std::string out;
+  char buf[4096];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, tmp)) > 0;) out.append(buf, n);
+  std::fclose(tmp);
+  return out;
+}
+}  // namespace
+
+TEST_CASE("reducer: a handle taken before construction is reported at the first finish()",
+          "[reducer][errors]") {
+  const int rank = td::get_rank();
+  TensorDict grads = make_grads(rank);
+  Tensor stale = grads.get({"enc", "w"});  // before construction: never reduced
+  std::string said = stderr_of([&] {
+    Reducer reducer(grads, {.op = ReduceOp::SUM, .bucket_bytes = 128});
+    reducer.finish();
+    reducer.finish();  // said once
+  });
+  CHECK_THAT(said, Catch::Contains("key 'enc.w' held before the Reducer was built"));
+  CHECK(said.find("Reducer: the storage") == said.rfind("Reducer: the storage"));
+  CHECK_FALSE(stale.shares_storage_with(grads.get({"enc", "w"})));
+  // Handles taken after construction: nothing said.
+  TensorDict fresh = make_grads(rank);
+  said = stderr_of([&] {
+    Reducer reducer(fresh, {.op = ReduceOp::SUM, .bucket_bytes = 128});
+    Tensor ok = fresh.get({"enc", "w"});
+    reducer.finish();
+    CHECK(ok.shares_storage_with(fresh.get({"enc", "w"})));
+  });
+  CHECK_THAT(said, !Catch::Contains("before the Reducer was built"));
 }

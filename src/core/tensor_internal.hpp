@@ -54,6 +54,8 @@ struct TensorAccess {
   }
   /// How many tensors share t's storage (1: no other tensor can alias it).
   static long storage_use_count(const Tensor& t) { return t.storage_.use_count(); }
+  /// Observes t's storage without keeping it alive (expired once no tensor holds it).
+  static std::weak_ptr<const Storage> weak_storage(const Tensor& t) { return t.storage_; }
   /// A contiguous view of `base`'s storage starting at element `offset` (used by consolidate).
   static Tensor view_of(const Tensor& base, std::int64_t offset, Shape shape);
   /// Byte address of element [0,...,0] relative to the storage start.

@@ -18,6 +18,7 @@
 
 #include "comm/engine_internal.hpp"
 #include "core/dict_internal.hpp"
+#include "runtime/log.hpp"
 #include "runtime/runtime.hpp"
 
 namespace td {
@@ -145,6 +146,10 @@ struct Reducer::Impl {
   // number of ranks still running steps.
   bool uneven = false;
   Bucket flag;
+  // The storage each leaf had before construction, watched until the first finish(): still
+  // alive then means a tensor taken from `grads` before construction (or the buffer the leaves
+  // were views of) is still in use, and it is never reduced. Said once, naming the key.
+  std::vector<std::weak_ptr<const detail::Storage>> old_storage;
 
   ~Impl() {
     for (Bucket* b : in_flight()) {
@@ -306,6 +311,29 @@ struct Reducer::Impl {
     if (!launched.empty()) detail::progress_add(launched, mode);
   }
 
+  void warn_stale_handles() {
+    std::vector<std::string> keys;
+    for (std::size_t i = 0; i < old_storage.size(); ++i)
+      if (!old_storage[i].expired()) keys.push_back("'" + leaves[i].key.str() + "'");
+    old_storage.clear();
+    if (keys.empty()) return;
+    if (keys.size() > 3) {
+      const std::size_t more = keys.size() - 3;
+      keys.resize(3);
+      keys.push_back(fmt::format("{} more", more));
+    }
+    detail::log_line(
+        detail::LogLevel::Warn,
+        fmt::format(
+            "Reducer: the storage that key {} held before the Reducer was built is still in use "
+            "outside the dict at the first finish() (a td::Tensor taken from the gradients "
+            "before construction, or the buffer they were views of): the Reducer moved the "
+            "gradients into its buckets, so that tensor is never reduced. Take handles from the "
+            "dict after constructing the Reducer (said once per Reducer, whatever "
+            "TD_LOG_LEVEL)",
+            fmt::join(keys, ", ")));
+  }
+
   void reset_step() {
     for (auto& l : leaves) l.ready = false;
     for (auto& b : buckets) {
@@ -458,6 +486,10 @@ Reducer::Reducer(TensorDict& grads, ReducerOptions opts) : impl_(std::make_uniqu
   std::vector<Tensor> old_leaves;
   old_leaves.reserve(in.leaves.size());
   for (const auto& ref : in.leaves) old_leaves.push_back(*ref.tensor);
+  m.old_storage.resize(in.leaves.size());
+  for (std::size_t i = 0; i < in.leaves.size(); ++i)
+    if (m.leaves[i].bucket != kNoBucket)
+      m.old_storage[i] = detail::TensorAccess::weak_storage(old_leaves[i]);
   for (std::size_t b = 0; b < m.buckets.size(); ++b) {
     Impl::Bucket& bk = m.buckets[b];
     const std::size_t isz = itemsize(bk.dtype);
@@ -579,6 +611,7 @@ void Reducer::finish() {
       if (error.empty()) error = e.what();
     }
   }
+  if (!m.old_storage.empty()) m.warn_stale_handles();
   const std::string layout_error = m.layout_error;
   m.reset_step();
   if (first) {
