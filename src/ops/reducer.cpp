@@ -255,7 +255,8 @@ struct Reducer::Impl {
     flag.storage.data<std::int32_t>()[0] = runs_step;
     launched.clear();
     launch(flag, ReduceOp::SUM);
-    detail::progress_add(launched);
+    detail::progress_add(
+        launched, step_on_thread ? detail::ProgressMode::Thread : detail::ProgressMode::Manual);
   }
 
   // Starts bucket b's reduction in place (the bucket's storage, or its 16-bit copy when
@@ -646,6 +647,8 @@ void Reducer::join() {
         "has no data for another step");
   }
   for (;;) {
+    // The flag and the shadowed step's buckets go the same way (see Impl::step_on_thread).
+    m.step_on_thread = async_progress_enabled();
     try {
       m.launch_flag(0);
       m.flag.work->wait();
