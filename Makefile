@@ -16,7 +16,7 @@ JOBS         ?= $(shell nproc 2>/dev/null || echo 2)
 WERROR := $(if $(CI),ON,OFF)
 
 DEB_PACKAGES := libopenmpi-dev openmpi-bin libeigen3-dev catch2 libfmt-dev libcli11-dev \
-                gnuplot-nox doxygen clang-14 pkg-config cmake g++ clang-format clang-tidy make \
+                gnuplot-nox doxygen nlohmann-json3-dev clang-14 pkg-config cmake g++ clang-format clang-tidy make \
                 iproute2
 
 # Every C++ file we own, tracked or about to be (untracked but not ignored).

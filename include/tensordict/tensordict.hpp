@@ -2,6 +2,7 @@
 #pragma once
 
 #include "tensordict/bucket_plan.hpp"
+#include "tensordict/checkpoint.hpp"
 #include "tensordict/collectives.hpp"
 #include "tensordict/dtype.hpp"
 #include "tensordict/errors.hpp"

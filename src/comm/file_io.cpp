@@ -1,0 +1,476 @@
+// Checkpoint file I/O: POSIX for one process, collective MPI-IO for a group, the outcome
+// agreement and the atomic-replace steps (see file_io.hpp).
+#include "comm/file_io.hpp"
+
+#include "comm/collective_engine.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <system_error>
+
+#include <fmt/format.h>
+
+namespace td::detail {
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+[[noreturn]] void throw_errno(std::string_view what, const fs::path& path, int err) {
+  throw Error(fmt::format("{}: {} failed: {}", path.string(), what, std::strerror(err)));
+}
+
+// Ranges at most this large go through the staging buffer with their neighbours.
+constexpr std::uint64_t kSmallRange = std::uint64_t{1} << 20;
+constexpr std::uint64_t kStagingBytes = std::uint64_t{8} << 20;
+// Bytes one rank moves per collective MPI-IO call (and the largest block of a datatype).
+constexpr std::uint64_t kRoundBytes = std::uint64_t{512} << 20;
+
+void pwrite_all(int fd, const std::byte* p, std::uint64_t n, std::uint64_t off,
+                const fs::path& path) {
+  while (n > 0) {
+    const auto chunk = static_cast<std::size_t>(std::min<std::uint64_t>(n, std::uint64_t{1} << 30));
+    const ssize_t w = ::pwrite(fd, p, chunk, static_cast<off_t>(off));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      throw_errno("write", path, errno);
+    }
+    p += w;
+    n -= static_cast<std::uint64_t>(w);
+    off += static_cast<std::uint64_t>(w);
+  }
+}
+
+void pread_all(int fd, std::byte* p, std::uint64_t n, std::uint64_t off, const fs::path& path) {
+  while (n > 0) {
+    const auto chunk = static_cast<std::size_t>(std::min<std::uint64_t>(n, std::uint64_t{1} << 30));
+    const ssize_t r = ::pread(fd, p, chunk, static_cast<off_t>(off));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throw_errno("read", path, errno);
+    }
+    if (r == 0)
+      throw Error(fmt::format("{}: truncated: a read at byte {} found the end of the file",
+                              path.string(), off));
+    p += r;
+    n -= static_cast<std::uint64_t>(r);
+    off += static_cast<std::uint64_t>(r);
+  }
+}
+
+std::vector<FileRange> sorted(std::span<const FileRange> ranges) {
+  std::vector<FileRange> out;
+  out.reserve(ranges.size());
+  for (const auto& r : ranges)
+    if (r.size > 0) out.push_back(r);
+  std::sort(out.begin(), out.end(),
+            [](const FileRange& a, const FileRange& b) { return a.offset < b.offset; });
+  return out;
+}
+
+// Calls f(first, last) for each group of ranges [first, last) that go through one staging
+// buffer (small, back to back in the file, together at most kStagingBytes), or alone.
+template <class F>
+void for_each_batch(const std::vector<FileRange>& rs, F&& f) {
+  std::size_t i = 0;
+  while (i < rs.size()) {
+    std::size_t j = i + 1;
+    if (rs[i].size <= kSmallRange) {
+      std::uint64_t bytes = rs[i].size;
+      while (j < rs.size() && rs[j].size <= kSmallRange &&
+             rs[j].offset == rs[j - 1].offset + rs[j - 1].size &&
+             bytes + rs[j].size <= kStagingBytes) {
+        bytes += rs[j].size;
+        ++j;
+      }
+    }
+    f(i, j);
+    i = j;
+  }
+}
+
+}  // namespace
+
+// ---- LocalFile -------------------------------------------------------------------------------
+
+LocalFile LocalFile::create(const fs::path& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw_errno("create", path, errno);
+  return {fd, path};
+}
+
+LocalFile LocalFile::open_read(const fs::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw_errno("open", path, errno);
+  return {fd, path};
+}
+
+LocalFile::LocalFile(LocalFile&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)), path_(std::move(other.path_)) {}
+
+LocalFile::~LocalFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::uint64_t LocalFile::size() const {
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) throw_errno("stat", path_, errno);
+  if (!S_ISREG(st.st_mode)) throw Error(fmt::format("{}: not a regular file", path_.string()));
+  return static_cast<std::uint64_t>(st.st_size);
+}
+
+void LocalFile::write(std::span<const FileRange> ranges) {
+  const auto rs = sorted(ranges);
+  std::vector<std::byte> staging;
+  for_each_batch(rs, [&](std::size_t i, std::size_t j) {
+    if (j == i + 1) return pwrite_all(fd_, rs[i].data, rs[i].size, rs[i].offset, path_);
+    staging.resize(kStagingBytes);
+    std::uint64_t used = 0;
+    for (std::size_t k = i; k < j; ++k) {
+      std::memcpy(staging.data() + used, rs[k].data, rs[k].size);
+      used += rs[k].size;
+    }
+    pwrite_all(fd_, staging.data(), used, rs[i].offset, path_);
+  });
+}
+
+void LocalFile::read(std::span<const FileRange> ranges) {
+  const auto rs = sorted(ranges);
+  std::vector<std::byte> staging;
+  for_each_batch(rs, [&](std::size_t i, std::size_t j) {
+    if (j == i + 1) return pread_all(fd_, rs[i].data, rs[i].size, rs[i].offset, path_);
+    staging.resize(kStagingBytes);
+    const std::uint64_t used = rs[j - 1].offset + rs[j - 1].size - rs[i].offset;
+    pread_all(fd_, staging.data(), used, rs[i].offset, path_);
+    for (std::size_t k = i; k < j; ++k)
+      std::memcpy(rs[k].data, staging.data() + (rs[k].offset - rs[i].offset), rs[k].size);
+  });
+}
+
+void LocalFile::sync() {
+  if (::fsync(fd_) != 0) throw_errno("fsync", path_, errno);
+}
+
+void LocalFile::close() {
+  const int fd = std::exchange(fd_, -1);
+  if (fd >= 0 && ::close(fd) != 0) throw_errno("close", path_, errno);
+}
+
+// ---- CollectiveFile --------------------------------------------------------------------------
+
+CollectiveFile CollectiveFile::open(GroupState& g, const fs::path& path, bool write,
+                                    Clock::time_point deadline) {
+  MPI_File fh = MPI_FILE_NULL;
+  const int mode = write ? (MPI_MODE_CREATE | MPI_MODE_WRONLY) : MPI_MODE_RDONLY;
+  const std::function<std::string()> describe = [&] {
+    return fmt::format("MPI_File_open of {} on a group of {}", path.string(), g.size);
+  };
+  {
+    BlockingPhase phase(deadline, describe);
+    const int rc = MPI_File_open(g.comm, path.c_str(), mode, MPI_INFO_NULL, &fh);
+    if (rc != MPI_SUCCESS) {
+      char text[MPI_MAX_ERROR_STRING];
+      int len = 0;
+      if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) len = 0;
+      throw Error(fmt::format("{}: MPI_File_open failed: {}", path.string(),
+                              std::string(text, static_cast<std::size_t>(len))));
+    }
+  }
+  TD_MPI_CHECK(MPI_File_set_errhandler(fh, MPI_ERRORS_RETURN));
+  return {g, fh, path, deadline};
+}
+
+CollectiveFile::CollectiveFile(CollectiveFile&& other) noexcept
+    : group_(other.group_),
+      fh_(std::exchange(other.fh_, MPI_FILE_NULL)),
+      path_(std::move(other.path_)),
+      deadline_(other.deadline_) {}
+
+CollectiveFile::~CollectiveFile() {
+  if (fh_ != MPI_FILE_NULL) MPI_File_close(&fh_);
+}
+
+std::uint64_t CollectiveFile::size() const {
+  MPI_Offset bytes = 0;
+  TD_MPI_CHECK(MPI_File_get_size(fh_, &bytes));
+  return static_cast<std::uint64_t>(bytes);
+}
+
+void CollectiveFile::resize(std::uint64_t bytes) {
+  const std::function<std::string()> describe = [&] {
+    return fmt::format("MPI_File_set_size of {}", path_.string());
+  };
+  BlockingPhase phase(deadline_, describe);
+  TD_MPI_CHECK(MPI_File_set_size(fh_, static_cast<MPI_Offset>(bytes)));
+}
+
+void CollectiveFile::transfer(std::span<const FileRange> ranges, bool write) {
+  // Split every range into blocks of at most kRoundBytes and deal them into rounds of at most
+  // kRoundBytes each; every rank runs as many collective calls as the rank with most rounds.
+  const auto rs = sorted(ranges);
+  std::vector<std::vector<FileRange>> rounds;
+  std::uint64_t in_round = kRoundBytes;
+  for (const auto& r : rs) {
+    std::uint64_t done = 0;
+    while (done < r.size) {
+      if (in_round == kRoundBytes) {
+        rounds.emplace_back();
+        in_round = 0;
+      }
+      const std::uint64_t n = std::min(r.size - done, kRoundBytes - in_round);
+      auto& cur = rounds.back();
+      if (!cur.empty() && cur.back().offset + cur.back().size == r.offset + done &&
+          cur.back().data + cur.back().size == r.data + done) {
+        cur.back().size += n;  // adjacent in the file and in memory: one block
+      } else {
+        cur.push_back({r.offset + done, r.data + done, n});
+      }
+      done += n;
+      in_round += n;
+    }
+  }
+  auto count = std::make_shared<std::uint64_t>(rounds.size());
+  MPI_Request req = MPI_REQUEST_NULL;
+  TD_MPI_CHECK(
+      MPI_Iallreduce(MPI_IN_PLACE, count.get(), 1, MPI_UINT64_T, MPI_MAX, group_->comm, &req));
+  const std::function<std::string()> describe = [&] {
+    return fmt::format("collective {} of {} on a group of {}", write ? "write" : "read",
+                       path_.string(), group_->size);
+  };
+  wait_until(req, deadline_, describe, count);
+
+  BlockingPhase phase(deadline_, describe);
+  for (std::uint64_t k = 0; k < *count; ++k) {
+    MPI_Status status;
+    if (k >= rounds.size()) {  // nothing left here: take part with no data
+      TD_MPI_CHECK(MPI_File_set_view(fh_, 0, MPI_BYTE, MPI_BYTE, "native", MPI_INFO_NULL));
+      if (write) {
+        TD_MPI_CHECK(MPI_File_write_at_all(fh_, 0, nullptr, 0, MPI_BYTE, &status));
+      } else {
+        TD_MPI_CHECK(MPI_File_read_at_all(fh_, 0, nullptr, 0, MPI_BYTE, &status));
+      }
+      continue;
+    }
+    const auto& round = rounds[k];
+    const int n = mpi_count(round.size(), "blocks of a collective file transfer");
+    std::vector<int> lens(round.size());
+    std::vector<MPI_Aint> file_displs(round.size()), mem_displs(round.size());
+    for (std::size_t i = 0; i < round.size(); ++i) {
+      lens[i] = static_cast<int>(round[i].size);  // <= kRoundBytes < INT_MAX
+      file_displs[i] = static_cast<MPI_Aint>(round[i].offset);
+      TD_MPI_CHECK(MPI_Get_address(round[i].data, &mem_displs[i]));
+    }
+    MPI_Datatype filetype = MPI_DATATYPE_NULL, memtype = MPI_DATATYPE_NULL;
+    TD_MPI_CHECK(MPI_Type_create_hindexed(n, lens.data(), file_displs.data(), MPI_BYTE, &filetype));
+    TD_MPI_CHECK(MPI_Type_create_hindexed(n, lens.data(), mem_displs.data(), MPI_BYTE, &memtype));
+    struct TypesFree {
+      MPI_Datatype* a;
+      MPI_Datatype* b;
+      ~TypesFree() {
+        if (*a != MPI_DATATYPE_NULL) MPI_Type_free(a);
+        if (*b != MPI_DATATYPE_NULL) MPI_Type_free(b);
+      }
+    } types_free{&filetype, &memtype};
+    TD_MPI_CHECK(MPI_Type_commit(&filetype));
+    TD_MPI_CHECK(MPI_Type_commit(&memtype));
+    TD_MPI_CHECK(MPI_File_set_view(fh_, 0, MPI_BYTE, filetype, "native", MPI_INFO_NULL));
+    if (write) {
+      TD_MPI_CHECK(MPI_File_write_at_all(fh_, 0, MPI_BOTTOM, 1, memtype, &status));
+    } else {
+      TD_MPI_CHECK(MPI_File_read_at_all(fh_, 0, MPI_BOTTOM, 1, memtype, &status));
+      int got = 0;
+      TD_MPI_CHECK(MPI_Get_count(&status, MPI_BYTE, &got));
+      std::uint64_t want = 0;
+      for (const auto& r : round) want += r.size;
+      if (got != MPI_UNDEFINED && static_cast<std::uint64_t>(got) != want)
+        throw Error(fmt::format("{}: truncated: a collective read got {} of {} bytes",
+                                path_.string(), got, want));
+    }
+  }
+}
+
+void CollectiveFile::write(std::span<const FileRange> ranges) { transfer(ranges, true); }
+void CollectiveFile::read(std::span<const FileRange> ranges) { transfer(ranges, false); }
+
+void CollectiveFile::sync() {
+  const std::function<std::string()> describe = [&] {
+    return fmt::format("MPI_File_sync of {}", path_.string());
+  };
+  BlockingPhase phase(deadline_, describe);
+  TD_MPI_CHECK(MPI_File_sync(fh_));
+}
+
+void CollectiveFile::close() {
+  const std::function<std::string()> describe = [&] {
+    return fmt::format("MPI_File_close of {}", path_.string());
+  };
+  BlockingPhase phase(deadline_, describe);
+  TD_MPI_CHECK(MPI_File_close(&fh_));
+}
+
+// ---- outcome agreement -----------------------------------------------------------------------
+
+ErrorNote note_current_exception() {
+  try {
+    throw;
+  } catch (const LayoutMismatchError& e) {
+    return {'L', e.what()};
+  } catch (const KeyError& e) {
+    return {'K', e.what()};
+  } catch (const TimeoutError& e) {
+    return {'T', e.what()};
+  } catch (const MpiError& e) {
+    return {'M', e.what()};
+  } catch (const Error& e) {
+    return {'E', e.what()};
+  } catch (const std::invalid_argument& e) {
+    return {'I', e.what()};
+  } catch (const std::exception& e) {
+    return {'E', e.what()};
+  } catch (...) {
+    return {'E', "unknown exception"};
+  }
+}
+
+void rethrow_note(const ErrorNote& note) {
+  switch (note.kind) {
+    case 'L':
+      throw LayoutMismatchError(note.what);
+    case 'K':
+      throw KeyError(note.what);
+    case 'T':
+      throw TimeoutError(note.what);
+    case 'M':
+      throw MpiError(note.what);
+    case 'I':
+      throw std::invalid_argument(note.what);
+    default:
+      throw Error(note.what);
+  }
+}
+
+ErrorNote agree_outcome(GroupState& g, const ErrorNote& mine, Clock::time_point deadline,
+                        std::string_view what) {
+  if (g.size == 1) return mine;
+  // The lowest failed rank, in one MIN (size: no rank failed).
+  auto lowest = std::make_shared<int>(mine ? g.rank : g.size);
+  MPI_Request req = MPI_REQUEST_NULL;
+  const std::function<std::string()> describe = [&] {
+    return fmt::format("{}: not every rank of the group of {} reached the same step", what, g.size);
+  };
+  TD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, lowest.get(), 1, MPI_INT, MPI_MIN, g.comm, &req));
+  wait_until(req, deadline, describe, lowest);
+  if (*lowest == g.size) return {};
+  // That rank's note, to every rank: its length, then its text.
+  auto text = std::make_shared<std::string>(
+      g.rank == *lowest ? std::string(1, mine.kind) + mine.what : std::string());
+  auto len = std::make_shared<int>(static_cast<int>(text->size()));
+  TD_MPI_CHECK(MPI_Ibcast(len.get(), 1, MPI_INT, *lowest, g.comm, &req));
+  wait_until(req, deadline, describe, len);
+  text->resize(static_cast<std::size_t>(*len));
+  TD_MPI_CHECK(MPI_Ibcast(text->data(), *len, MPI_CHAR, *lowest, g.comm, &req));
+  wait_until(req, deadline, describe, text);
+  if (text->empty()) return {'E', fmt::format("{}: rank {} failed", what, *lowest)};
+  const std::string_view msg = std::string_view(*text).substr(1);
+  // Errors that name a disagreement are already the same text on every rank.
+  return {(*text)[0],
+          (*text)[0] == 'L' ? std::string(msg) : fmt::format("rank {}: {}", *lowest, msg)};
+}
+
+// ---- atomic replace ----------------------------------------------------------------------------
+
+fs::path temp_path_beside(const fs::path& target, std::string_view nonce) {
+  const fs::path abs = target.has_parent_path() ? target : fs::path(".") / target;
+  return abs.parent_path() / fmt::format(".{}.td-tmp-{}", abs.filename().string(), nonce);
+}
+
+std::string temp_nonce() {
+  static std::atomic<unsigned> counter{0};
+  const auto t = std::chrono::system_clock::now().time_since_epoch().count();
+  return fmt::format("{}-{:x}-{}", ::getpid(), static_cast<std::uint64_t>(t) & 0xffffffffu,
+                     counter.fetch_add(1));
+}
+
+void sync_directory(const fs::path& dir) {
+  const fs::path d = dir.empty() ? fs::path(".") : dir;
+  const int fd = ::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw_errno("open directory", d, errno);
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0 && err != EINVAL) throw_errno("fsync directory", d, err);
+}
+
+void replace_file(const fs::path& tmp, const fs::path& target) {
+  if (::rename(tmp.c_str(), target.c_str()) != 0)
+    throw_errno("rename over the target", target, errno);
+  sync_directory(tmp.parent_path());
+}
+
+void replace_directory(const fs::path& tmp, const fs::path& target) {
+  std::error_code ec;
+  if (fs::exists(fs::symlink_status(target, ec))) {
+    if (!fs::is_directory(fs::symlink_status(target, ec)))
+      throw Error(fmt::format("{}: exists and is not a directory", target.string()));
+    // Linux: swap the two names in one step, then remove the old tree under the temporary name.
+    if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
+      sync_directory(tmp.parent_path());
+      fs::remove_all(tmp, ec);
+      return;
+    }
+    if (errno != EINVAL && errno != ENOSYS) throw_errno("exchange with the target", target, errno);
+    // No exchange on this file system: move the old tree aside first.
+    const fs::path old = temp_path_beside(target, temp_nonce() + "-old");
+    if (::rename(target.c_str(), old.c_str()) != 0) throw_errno("move aside", target, errno);
+    if (::rename(tmp.c_str(), target.c_str()) != 0) {
+      const int err = errno;
+      (void)::rename(old.c_str(), target.c_str());
+      throw_errno("rename over the target", target, err);
+    }
+    sync_directory(tmp.parent_path());
+    fs::remove_all(old, ec);
+    return;
+  }
+  if (::rename(tmp.c_str(), target.c_str()) != 0)
+    throw_errno("rename to the target", target, errno);
+  sync_directory(tmp.parent_path());
+}
+
+void remove_quietly(const fs::path& path) {
+  std::error_code ec;
+  fs::remove_all(path, ec);
+}
+
+std::string read_small_file(const fs::path& path, std::uint64_t limit) {
+  LocalFile f = LocalFile::open_read(path);
+  const std::uint64_t n = f.size();
+  if (n > limit)
+    throw Error(
+        fmt::format("{}: {} bytes, more than the {} this file may have", path.string(), n, limit));
+  std::string out(static_cast<std::size_t>(n), '\0');
+  const FileRange r{0, reinterpret_cast<std::byte*>(out.data()), n};
+  f.read({&r, 1});
+  return out;
+}
+
+void write_small_file(const fs::path& path, std::string_view bytes) {
+  LocalFile f = LocalFile::create(path);
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-const-cast): write() only reads the range
+  const FileRange r{0, reinterpret_cast<std::byte*>(const_cast<char*>(bytes.data())), bytes.size()};
+  f.write({&r, 1});
+  f.sync();
+  f.close();
+}
+
+}  // namespace td::detail

@@ -1,0 +1,834 @@
+// Checkpoint files: save_safetensors / load_safetensors and save_memmap / load_memmap, by one
+// process (POSIX) or by a group (collective MPI-IO for safetensors). Every save is
+//   1. a manifest: this rank's keys, dtypes, shapes and batch sizes (dict_wire's layout), which a
+//      group all-gathers (all_gather_dicts) so every rank computes the same union, the same
+//      LayoutMismatchError for a key held differently, and the same file layout;
+//   2. the bytes: each rank writes a disjoint part (a key held by several ranks is split between
+//      them) into a temporary file beside the target;
+//   3. the commit: fsync, then (once every rank succeeded: agree_outcome after every step) one
+//      rename over the target. A failure anywhere removes the temporary file and throws the same
+//      error on every rank; the previous file is never touched.
+// The formats are in comm/checkpoint_format.*, the I/O in comm/file_io.* (see docs/checkpoint.md).
+#include "tensordict/checkpoint.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "comm/checkpoint_format.hpp"
+#include "comm/collective_engine.hpp"
+#include "comm/dict_wire.hpp"
+#include "comm/file_io.hpp"
+#include "tensordict/transport.hpp"
+#include "tensordict/version.hpp"
+
+namespace td {
+
+namespace {
+
+namespace fs = std::filesystem;
+using detail::CollectiveFile;
+using detail::DictLayout;
+using detail::ErrorNote;
+using detail::FileRange;
+using detail::LocalFile;
+using Clock = std::chrono::steady_clock;
+
+// ---- manifests: what a dict (or the union of every rank's) holds ----------------------------
+
+struct LeafInfo {
+  Key key;
+  DType dtype = DType::Float32;
+  Shape shape;
+  bool sparse = false;
+  std::vector<int> holders;  // ranks holding it, ascending
+  int mine = -1;             // index of this rank's tensor, -1 if this rank does not hold it
+};
+struct DictInfo {
+  Key key;
+  Shape batch;
+  std::vector<std::pair<std::string, bool>> entries;  // name, is_dict; insertion order
+};
+struct Manifest {
+  std::vector<LeafInfo> leaves;  // canonical order once finished
+  std::vector<DictInfo> dicts;   // parents first; [0] is the root
+};
+
+std::vector<std::string> child(const Key& parent, const std::string& name) {
+  std::vector<std::string> parts = parent.parts();
+  parts.push_back(name);
+  return parts;
+}
+
+void flatten(const DictLayout& l, std::uint32_t index, const Key& key, int rank, bool local,
+             Manifest& m) {
+  const auto& d = l.dicts[index];
+  m.dicts.push_back({key, d.batch, {}});
+  const std::size_t at = m.dicts.size() - 1;
+  for (const auto& e : d.entries) {
+    m.dicts[at].entries.emplace_back(e.name, e.is_dict);
+    Key k(child(key, e.name));
+    if (e.is_dict) {
+      flatten(l, e.index, k, rank, local, m);
+      continue;
+    }
+    const auto& leaf = l.leaves[e.index];
+    m.leaves.push_back({std::move(k),
+                        leaf.dtype,
+                        leaf.shape,
+                        leaf.sparse,
+                        {rank},
+                        local ? static_cast<int>(e.index) : -1});
+  }
+}
+
+Manifest manifest_of(const DictLayout& l, int rank, bool local) {
+  Manifest m;
+  flatten(l, 0, Key(std::vector<std::string>{}), rank, local, m);
+  return m;
+}
+
+void sort_leaves(Manifest& m) {
+  std::sort(m.leaves.begin(), m.leaves.end(),
+            [](const LeafInfo& a, const LeafInfo& b) { return a.key < b.key; });
+}
+
+std::string describe(const LeafInfo& l) {
+  return fmt::format("{}{}{}", name(l.dtype), detail::shape_str(l.shape),
+                     l.sparse ? " sparse" : "");
+}
+
+// The union of every rank's manifest ([r] is rank r's; `self` this rank). A key held by several
+// ranks must be held the same way: else the same LayoutMismatchError on every rank.
+Manifest union_of(const std::vector<Manifest>& parts, int self, std::string_view what) {
+  Manifest u;
+  std::map<Key, std::size_t> leaf_at, dict_at;
+  std::map<Key, int> dict_owner;
+  auto mismatch = [&](const Key& k, int r0, const std::string& a, int r1, const std::string& b) {
+    return LayoutMismatchError(fmt::format(
+        "{}: the ranks hold key '{}' differently: rank {}: {}; rank {}: {} (nothing was written)",
+        what, k.str(), r0, a, r1, b));
+  };
+  for (std::size_t r = 0; r < parts.size(); ++r) {
+    const int rank = static_cast<int>(r);
+    for (const auto& d : parts[r].dicts) {
+      if (const auto it = leaf_at.find(d.key); it != leaf_at.end())
+        throw mismatch(d.key, u.leaves[it->second].holders[0], describe(u.leaves[it->second]), rank,
+                       "a dict");
+      const auto [it, fresh] = dict_at.emplace(d.key, u.dicts.size());
+      if (fresh) {
+        u.dicts.push_back(d);
+        dict_owner[d.key] = rank;
+        continue;
+      }
+      DictInfo& have = u.dicts[it->second];
+      if (have.batch != d.batch)
+        throw mismatch(d.key, dict_owner[d.key],
+                       fmt::format("a dict of batch size {}", detail::shape_str(have.batch)), rank,
+                       fmt::format("a dict of batch size {}", detail::shape_str(d.batch)));
+      for (const auto& e : d.entries)
+        if (std::find(have.entries.begin(), have.entries.end(), e) == have.entries.end())
+          have.entries.push_back(e);
+    }
+    for (const auto& l : parts[r].leaves) {
+      if (dict_at.count(l.key) != 0)
+        throw mismatch(l.key, dict_owner[l.key], "a dict", rank, describe(l));
+      const auto [it, fresh] = leaf_at.emplace(l.key, u.leaves.size());
+      if (fresh) {
+        u.leaves.push_back(l);
+        u.leaves.back().mine = rank == self ? l.mine : -1;
+        continue;
+      }
+      LeafInfo& have = u.leaves[it->second];
+      if (have.dtype != l.dtype || have.shape != l.shape || have.sparse != l.sparse)
+        throw mismatch(l.key, have.holders[0], describe(have), rank, describe(l));
+      have.holders.push_back(rank);
+      if (rank == self) have.mine = l.mine;
+    }
+  }
+  for (const auto& l : u.leaves)
+    if (dict_at.count(l.key) != 0)
+      throw mismatch(l.key, dict_owner[l.key], "a dict", l.holders[0], describe(l));
+  sort_leaves(u);
+  return u;
+}
+
+// This rank's dict, described: its manifest and its tensors (in the layout's leaf order).
+struct Described {
+  DictLayout layout;
+  std::vector<Tensor> tensors;
+};
+
+// Every rank's manifest in a group (one all_gather_dicts of each rank's encoded layout, its local
+// error and, from rank 0, the nonce of the temporary name), or this process's alone.
+struct Gathered {
+  Manifest manifest;
+  std::string nonce;
+};
+
+Tensor bytes_tensor(std::span<const std::byte> b) {
+  Tensor t = Tensor::empty({static_cast<std::int64_t>(b.size())}, DType::UInt8);
+  if (!b.empty()) std::memcpy(t.raw_data(), b.data(), b.size());
+  return t;
+}
+std::vector<std::byte> tensor_bytes(const TensorDict& d, const char* key) {
+  const Tensor& t = d.get(key);
+  std::vector<std::byte> out(t.nbytes());
+  if (!out.empty()) std::memcpy(out.data(), t.raw_data(), out.size());
+  return out;
+}
+
+CollectiveOptions collective_options(const FileOptions& opts) {
+  CollectiveOptions c;
+  c.group = opts.group;
+  c.timeout = opts.timeout;
+  return c;
+}
+
+Gathered gather_manifests(const TensorDict& dict, Described& mine, const FileOptions& opts,
+                          std::string_view what) {
+  std::string error;
+  try {
+    mine.layout = detail::describe_dict(dict, mine.tensors);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  if (!opts.group) {
+    if (!error.empty()) throw Error(fmt::format("{}: {}", what, error));
+    Manifest m = manifest_of(mine.layout, 0, true);
+    sort_leaves(m);
+    return {std::move(m), detail::temp_nonce()};
+  }
+  const int rank = opts.group->rank();
+  TensorDict note;
+  note.set("layout", bytes_tensor(error.empty() ? detail::encode_layout(mine.layout)
+                                                : std::vector<std::byte>{}));
+  note.set("error", bytes_tensor(std::as_bytes(std::span(error))));
+  const std::string nonce = rank == 0 ? detail::temp_nonce() : std::string();
+  note.set("nonce", bytes_tensor(std::as_bytes(std::span(nonce))));
+  const auto all = all_gather_dicts(note, collective_options(opts));
+  std::vector<Manifest> parts;
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    const auto err = tensor_bytes(all[r], "error");
+    if (!err.empty())
+      throw Error(fmt::format("{}: rank {}: {} (nothing was written)", what, r,
+                              std::string(reinterpret_cast<const char*>(err.data()), err.size())));
+  }
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    const auto bytes = tensor_bytes(all[r], "layout");
+    parts.push_back(manifest_of(detail::decode_layout(bytes), static_cast<int>(r),
+                                static_cast<int>(r) == rank));
+  }
+  const auto n = tensor_bytes(all[0], "nonce");
+  return {union_of(parts, rank, what),
+          std::string(reinterpret_cast<const char*>(n.data()), n.size())};
+}
+
+// A leaf's bytes in C order: its own memory when contiguous, else a contiguous copy kept in
+// `keep`.
+std::byte* leaf_bytes(const Tensor& t, std::vector<Tensor>& keep) {
+  if (t.is_contiguous())
+    // NOLINTNEXTLINE(cppcoreguidelines-pro-type-const-cast): writes only read the range
+    return static_cast<std::byte*>(const_cast<void*>(t.raw_data()));
+  keep.push_back(t.contiguous());
+  return static_cast<std::byte*>(keep.back().raw_data());
+}
+
+std::uint64_t leaf_nbytes(const LeafInfo& l) {
+  std::uint64_t n = itemsize(l.dtype);
+  for (const auto d : l.shape) n *= static_cast<std::uint64_t>(d);
+  return n;
+}
+
+struct GroupContext {
+  std::shared_ptr<detail::GroupState> g;
+  Clock::time_point deadline;
+};
+GroupContext group_context(const FileOptions& opts) {
+  const CollectiveOptions c = collective_options(opts);
+  auto g = detail::group_of(c);
+  g->checked_comm("checkpoint");
+  return {std::move(g), detail::deadline_after(detail::timeout_of(c))};
+}
+
+// Agrees on every rank's outcome of a step and throws the agreed error (after `cleanup`).
+void settle(const GroupContext& ctx, const ErrorNote& mine, std::string_view what,
+            const std::function<void()>& cleanup = {}) {
+  const ErrorNote agreed = detail::agree_outcome(*ctx.g, mine, ctx.deadline, what);
+  if (!agreed) return;
+  if (cleanup) cleanup();
+  detail::rethrow_note(agreed);
+}
+
+// ---- safetensors -------------------------------------------------------------------------------
+
+struct SafetensorsPlan {
+  detail::EncodedHeader header;
+};
+
+SafetensorsPlan plan_safetensors(const Manifest& m, std::string_view what) {
+  std::vector<detail::PlannedTensor> tensors;
+  detail::DictStructure s;
+  s.version = kVersion;
+  std::map<std::string, const Key*> flat;
+  for (const auto& l : m.leaves) {
+    if (l.sparse)
+      throw Error(
+          fmt::format("{}: key '{}' is a sparse tensor; safetensors holds dense tensors (save "
+                      "to_dense() instead)",
+                      what, l.key.str()));
+    std::string f = detail::flat_name(l.key);
+    if (const auto [it, fresh] = flat.emplace(f, &l.key); !fresh)
+      throw Error(fmt::format("{}: keys '{}' and '{}' would both be the tensor '{}' in the file",
+                              what, it->second->str(), l.key.str(), f));
+    const auto& parts = l.key.parts();
+    if (std::any_of(parts.begin(), parts.end(),
+                    [](const std::string& p) { return p.find('.') != std::string::npos; }))
+      s.keys.emplace(f, l.key);
+    tensors.push_back({std::move(f), l.dtype, l.shape});
+  }
+  for (const auto& d : m.dicts) s.dicts.emplace_back(d.key, d.batch);
+  try {
+    return {detail::encode_safetensors_header(
+        tensors,
+        {{"format", "pt"}, {std::string(detail::kStructureMetadataKey), encode_structure(s)}})};
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: {}", what, e.what()));
+  }
+}
+
+// The byte ranges this rank writes: the header (rank 0), and per run of consecutive tensors with
+// the same holders, an equal share of the run's bytes for each holder.
+std::vector<FileRange> my_ranges(const Manifest& m, const SafetensorsPlan& plan,
+                                 const Described& mine, int rank, std::vector<Tensor>& keep) {
+  std::vector<FileRange> out;
+  const std::uint64_t base = plan.header.bytes.size();
+  if (rank == 0)
+    // NOLINTNEXTLINE(cppcoreguidelines-pro-type-const-cast): writes only read the range
+    out.push_back({0, const_cast<std::byte*>(plan.header.bytes.data()), base});
+  std::size_t i = 0;
+  while (i < m.leaves.size()) {
+    std::size_t j = i + 1;
+    while (j < m.leaves.size() && m.leaves[j].holders == m.leaves[i].holders) ++j;
+    const auto& holders = m.leaves[i].holders;
+    const auto me = std::find(holders.begin(), holders.end(), rank);
+    if (me != holders.end()) {
+      const std::uint64_t start = plan.header.begin[i];
+      const std::uint64_t len = plan.header.begin[j - 1] + leaf_nbytes(m.leaves[j - 1]) - start;
+      // Holder p of h writes [len * p / h, len * (p + 1) / h), computed without overflow.
+      const std::uint64_t h = holders.size();
+      const auto p = static_cast<std::uint64_t>(me - holders.begin());
+      auto share = [&](std::uint64_t q) { return len / h * q + len % h * q / h; };
+      const std::uint64_t lo = start + share(p);
+      const std::uint64_t hi = start + share(p + 1);
+      for (std::size_t k = i; k < j && lo < hi; ++k) {
+        const std::uint64_t b = plan.header.begin[k], e = b + leaf_nbytes(m.leaves[k]);
+        const std::uint64_t x = std::max(b, lo), y = std::min(e, hi);
+        if (x >= y) continue;
+        std::byte* data =
+            leaf_bytes(mine.tensors[static_cast<std::size_t>(m.leaves[k].mine)], keep);
+        out.push_back({base + x, data + (x - b), y - x});
+      }
+    }
+    i = j;
+  }
+  return out;
+}
+
+// What a load reads: each tensor's entry and its key, in canonical order.
+struct LoadItem {
+  Key key;
+  const detail::SafetensorsEntry* entry = nullptr;
+};
+
+struct Loaded {
+  TensorDict dict;
+  std::vector<FileRange> ranges;
+};
+
+// The consolidated dict of `items` (one storage per dtype, leaves in canonical order) and the
+// file ranges that fill it. `build` creates the dict's structure before the leaves are set.
+Loaded allocate(std::vector<LoadItem>& items, std::uint64_t data_start, TensorDict dict,
+                std::string_view file) {
+  std::sort(items.begin(), items.end(),
+            [](const LoadItem& a, const LoadItem& b) { return a.key < b.key; });
+  std::array<std::int64_t, kNumDTypes> total{};
+  for (const auto& it : items) {
+    std::int64_t n = 1;
+    for (const auto d : it.entry->shape) n *= d;
+    total[static_cast<std::size_t>(*it.entry->dtype)] += n;
+  }
+  std::array<Tensor, kNumDTypes> storage;
+  for (std::size_t k = 0; k < kNumDTypes; ++k)
+    if (total[k] > 0) storage[k] = Tensor::empty({total[k]}, static_cast<DType>(k));
+  std::array<std::int64_t, kNumDTypes> at{};
+  Loaded out{std::move(dict), {}};
+  for (const auto& it : items) {
+    const auto k = static_cast<std::size_t>(*it.entry->dtype);
+    std::int64_t n = 1;
+    for (const auto d : it.entry->shape) n *= d;
+    Tensor t = n == 0 ? Tensor::empty(it.entry->shape, *it.entry->dtype)
+                      : storage[k].slice(0, at[k], at[k] + n).view(it.entry->shape);
+    at[k] += n;
+    if (n > 0)
+      out.ranges.push_back({data_start + it.entry->begin, static_cast<std::byte*>(t.raw_data()),
+                            it.entry->end - it.entry->begin});
+    try {
+      out.dict.set(it.key, std::move(t));
+    } catch (const std::exception& e) {
+      throw Error(fmt::format("{}: tensor '{}' cannot be placed at key '{}': {}", file,
+                              it.entry->name, it.key.str(), e.what()));
+    }
+  }
+  return out;
+}
+
+Loaded plan_load(const detail::SafetensorsHeader& h, const TensorDict* like,
+                 const std::string& file) {
+  std::map<std::string_view, const detail::SafetensorsEntry*> by_name;
+  for (const auto& e : h.entries) by_name.emplace(e.name, &e);
+  auto unsupported = [&](const detail::SafetensorsEntry& e) {
+    return Error(fmt::format("{}: tensor '{}': dtype {} is not supported by tensordict-mpi", file,
+                             e.name, e.dtype_name));
+  };
+  std::vector<LoadItem> items;
+  if (like != nullptr) {
+    TensorDict dict(like->batch_size());
+    for (const Key& k : like->keys(true)) {
+      if (like->is_dict(k)) {
+        dict.set(k, TensorDict(like->get_dict(k).batch_size()));
+        continue;
+      }
+      const Tensor& want = like->get(k);
+      const std::string f = detail::flat_name(k);
+      const auto it = by_name.find(f);
+      if (it == by_name.end())
+        throw KeyError(
+            fmt::format("{}: no tensor '{}' (key '{}' of the dict to load)", file, f, k.str()));
+      const auto& e = *it->second;
+      if (!e.dtype) throw unsupported(e);
+      if (*e.dtype != want.dtype() || e.shape != want.shape())
+        throw LayoutMismatchError(fmt::format(
+            "{}: tensor '{}' is {}{} in the file, but key '{}' of the dict to load is {}{}", file,
+            f, name(*e.dtype), detail::shape_str(e.shape), k.str(), name(want.dtype()),
+            detail::shape_str(want.shape())));
+      items.push_back({k, &e});
+    }
+    return allocate(items, h.data_start, std::move(dict), file);
+  }
+  detail::DictStructure s;
+  if (const auto it = h.metadata.find(std::string(detail::kStructureMetadataKey));
+      it != h.metadata.end())
+    s = detail::decode_structure(it->second, file);
+  Shape root;
+  for (const auto& [k, batch] : s.dicts)
+    if (k.parts().empty()) root = batch;
+  TensorDict dict(root);
+  for (const auto& [k, batch] : s.dicts) {
+    if (k.parts().empty()) continue;
+    try {
+      if (!dict.contains(k)) dict.set(k, TensorDict(batch));
+    } catch (const std::exception& e) {
+      throw Error(
+          fmt::format("{}: the recorded dict '{}' cannot be rebuilt: {}", file, k.str(), e.what()));
+    }
+  }
+  for (const auto& e : h.entries) {
+    if (!e.dtype) throw unsupported(e);
+    Key key("x");
+    if (const auto it = s.keys.find(e.name); it != s.keys.end()) {
+      key = it->second;
+    } else {
+      try {
+        key = Key::parse(e.name);
+      } catch (const std::invalid_argument&) {
+        throw Error(
+            fmt::format("{}: tensor '{}': its name is not a key (an empty part)", file, e.name));
+      }
+    }
+    items.push_back({std::move(key), &e});
+  }
+  return allocate(items, h.data_start, std::move(dict), file);
+}
+
+std::string what_of(std::string_view call, const fs::path& path) {
+  return fmt::format("{} {}", call, path.string());
+}
+
+// ---- memmap ----------------------------------------------------------------------------------
+
+// Where a key's file or directory is under `root`: one encoded directory per parent part.
+fs::path memmap_path(const fs::path& root, const Key& key, bool leaf) {
+  fs::path p = root;
+  const auto& parts = key.parts();
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    const std::string enc = detail::memmap_file_name(parts[i]);
+    p /= (leaf && i + 1 == parts.size()) ? enc + ".memmap" : enc;
+  }
+  return p;
+}
+
+void check_memmap(const Manifest& m, std::string_view what) {
+  for (const auto& l : m.leaves)
+    if (l.sparse)
+      throw Error(fmt::format("{}: key '{}' is a sparse tensor; save to_dense() instead", what,
+                              l.key.str()));
+  for (const auto& d : m.dicts) {
+    std::map<std::string, std::string> names;  // file name -> key name
+    for (const auto& [n, is_dict] : d.entries) {
+      if (detail::is_memmap_reserved_key(n))
+        throw Error(
+            fmt::format("{}: key '{}': tensordict's meta.json uses '{}' for the dict's own "
+                        "field; rename the key",
+                        what, Key(child(d.key, n)).str(), n));
+      std::string f = detail::memmap_file_name(n) + (is_dict ? "" : ".memmap");
+      if (f == "meta.json" || !names.emplace(f, n).second)
+        throw Error(fmt::format("{}: key '{}' would take the file name '{}' of another entry", what,
+                                Key(child(d.key, n)).str(), f));
+    }
+  }
+}
+
+std::string meta_json(const Manifest& m, const DictInfo& d,
+                      const std::map<Key, const LeafInfo*>& leaves) {
+  detail::MemmapMeta meta;
+  meta.batch = d.batch;
+  for (const auto& [n, is_dict] : d.entries) {
+    detail::MemmapEntry e;
+    e.key = n;
+    e.is_dict = is_dict;
+    if (!is_dict) {
+      const LeafInfo& l = *leaves.at(Key(child(d.key, n)));
+      e.dtype = l.dtype;
+      e.shape = l.shape;
+    }
+    meta.entries.push_back(std::move(e));
+  }
+  (void)m;
+  return detail::encode_memmap_meta(meta);
+}
+
+// Writes the leaves this rank writes (leaf i: holder i mod the number of holders) under `root`.
+void write_memmap_leaves(const Manifest& m, const Described& mine, int rank, const fs::path& root) {
+  std::vector<Tensor> keep;
+  for (std::size_t i = 0; i < m.leaves.size(); ++i) {
+    const LeafInfo& l = m.leaves[i];
+    if (l.holders[i % l.holders.size()] != rank) continue;
+    const std::uint64_t n = leaf_nbytes(l);
+    if (n == 0) continue;  // tensordict writes no file for a leaf without elements
+    keep.clear();
+    std::byte* data = leaf_bytes(mine.tensors[static_cast<std::size_t>(l.mine)], keep);
+    LocalFile f = LocalFile::create(memmap_path(root, l.key, true));
+    const FileRange r{0, data, n};
+    f.write({&r, 1});
+    f.sync();
+    f.close();
+  }
+}
+
+void write_memmap_dirs(const Manifest& m, const fs::path& root) {
+  for (const auto& d : m.dicts) fs::create_directories(memmap_path(root, d.key, false));
+}
+
+void write_memmap_meta(const Manifest& m, const fs::path& root) {
+  std::map<Key, const LeafInfo*> leaves;
+  for (const auto& l : m.leaves) leaves.emplace(l.key, &l);
+  for (auto it = m.dicts.rbegin(); it != m.dicts.rend(); ++it) {
+    const fs::path dir = memmap_path(root, it->key, false);
+    detail::write_small_file(dir / "meta.json", meta_json(m, *it, leaves));
+    detail::sync_directory(dir);
+  }
+}
+
+// Reads a memmap directory (each rank all of it).
+TensorDict read_memmap(const fs::path& dir) {
+  struct Leaf {
+    Key key;
+    DType dtype;
+    Shape shape;
+    fs::path path;
+  };
+  std::vector<Leaf> leaves;
+  struct Dict {
+    Key key;
+    detail::MemmapMeta meta;
+  };
+  std::vector<Dict> dicts;
+  std::vector<std::pair<Key, fs::path>> todo{{Key(std::vector<std::string>{}), dir}};
+  for (std::size_t q = 0; q < todo.size(); ++q) {
+    const auto [key, path] = todo[q];
+    if (key.parts().size() > detail::kCheckpointMaxDims * 4)
+      throw Error(fmt::format("{}: nested too deeply", path.string()));
+    const fs::path meta_file = path / "meta.json";
+    const std::string text = detail::read_small_file(meta_file, detail::kSafetensorsMaxHeaderBytes);
+    detail::MemmapMeta meta = detail::decode_memmap_meta(text, meta_file.string());
+    for (const auto& e : meta.entries) {
+      Key k(child(key, e.key));
+      const std::string enc = detail::memmap_file_name(e.key);
+      if (e.is_dict) {
+        fs::path sub = path / enc;
+        if (!fs::is_directory(sub) && e.key.find('/') == std::string::npos &&
+            fs::is_directory(path / e.key))
+          sub = path / e.key;  // written by an older tensordict, without key encoding
+        if (!fs::is_directory(sub))
+          throw Error(fmt::format("{}: key '{}': its directory {} is missing", meta_file.string(),
+                                  e.key, sub.string()));
+        todo.emplace_back(std::move(k), std::move(sub));
+        continue;
+      }
+      fs::path file = path / (enc + ".memmap");
+      if (!fs::exists(file) && e.key.find('/') == std::string::npos &&
+          fs::exists(path / (e.key + ".memmap")))
+        file = path / (e.key + ".memmap");
+      leaves.push_back({std::move(k), e.dtype, e.shape, std::move(file)});
+    }
+    dicts.push_back({key, std::move(meta)});
+  }
+  // One storage per dtype, leaves in canonical order.
+  std::vector<std::size_t> order(leaves.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return leaves[a].key < leaves[b].key; });
+  std::array<std::int64_t, kNumDTypes> total{};
+  auto numel = [](const Shape& s) {
+    std::int64_t n = 1;
+    for (const auto d : s) n *= d;
+    return n;
+  };
+  for (const auto& l : leaves) total[static_cast<std::size_t>(l.dtype)] += numel(l.shape);
+  std::array<Tensor, kNumDTypes> storage;
+  for (std::size_t k = 0; k < kNumDTypes; ++k)
+    if (total[k] > 0) storage[k] = Tensor::empty({total[k]}, static_cast<DType>(k));
+  std::array<std::int64_t, kNumDTypes> at{};
+  std::map<Key, Tensor> tensors;
+  for (const std::size_t i : order) {
+    const Leaf& l = leaves[i];
+    const auto k = static_cast<std::size_t>(l.dtype);
+    const std::int64_t n = numel(l.shape);
+    Tensor t = n == 0 ? Tensor::empty(l.shape, l.dtype)
+                      : storage[k].slice(0, at[k], at[k] + n).view(l.shape);
+    at[k] += n;
+    if (n > 0) {
+      if (!fs::exists(l.path))
+        throw Error(fmt::format("{}: key '{}': its file {} is missing", dir.string(), l.key.str(),
+                                l.path.string()));
+      LocalFile f = LocalFile::open_read(l.path);
+      const std::uint64_t want = t.nbytes();
+      if (f.size() < want)
+        throw Error(fmt::format("{}: key '{}': truncated: {} holds {} bytes, {}{} needs {}",
+                                dir.string(), l.key.str(), l.path.string(), f.size(), name(l.dtype),
+                                detail::shape_str(l.shape), want));
+      const FileRange r{0, static_cast<std::byte*>(t.raw_data()), want};
+      f.read({&r, 1});
+    }
+    tensors.emplace(l.key, std::move(t));
+  }
+  TensorDict out(dicts[0].meta.batch);
+  for (const auto& d : dicts) {
+    for (const auto& e : d.meta.entries) {
+      Key k(child(d.key, e.key));
+      try {
+        if (e.is_dict) {
+          const auto sub =
+              std::find_if(dicts.begin(), dicts.end(), [&](const Dict& x) { return x.key == k; });
+          out.set(k, TensorDict(sub->meta.batch));
+        } else {
+          out.set(k, tensors.at(k));
+        }
+      } catch (const std::exception& err) {
+        throw Error(
+            fmt::format("{}: key '{}' cannot be placed: {}", dir.string(), k.str(), err.what()));
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+// ---- public functions ------------------------------------------------------------------------
+
+void save_safetensors(const TensorDict& dict, const fs::path& file, const FileOptions& opts) {
+  const std::string what = what_of("save_safetensors", file);
+  Described mine;
+  const Gathered gathered = gather_manifests(dict, mine, opts, what);
+  const Manifest& m = gathered.manifest;
+  const SafetensorsPlan plan = plan_safetensors(m, what);
+  const fs::path tmp = detail::temp_path_beside(file, gathered.nonce);
+  const std::uint64_t total = plan.header.bytes.size() + plan.header.data_bytes;
+  std::vector<Tensor> keep;
+
+  if (!opts.group) {
+    try {
+      const auto ranges = my_ranges(m, plan, mine, 0, keep);
+      LocalFile f = LocalFile::create(tmp);
+      f.write(ranges);
+      f.sync();
+      f.close();
+      detail::replace_file(tmp, file);
+    } catch (...) {
+      detail::remove_quietly(tmp);
+      throw;
+    }
+    return;
+  }
+
+  const GroupContext ctx = group_context(opts);
+  const int rank = ctx.g->rank;
+  auto cleanup = [&] {
+    if (rank == 0) detail::remove_quietly(tmp);
+  };
+  std::vector<FileRange> ranges;
+  settle(ctx, detail::capture_error([&] { ranges = my_ranges(m, plan, mine, rank, keep); }), what);
+  std::optional<CollectiveFile> f;
+  settle(ctx, detail::capture_error([&] {
+           f.emplace(CollectiveFile::open(*ctx.g, tmp, true, ctx.deadline));
+         }),
+         what, cleanup);
+  auto fail = [&] {
+    f.reset();
+    cleanup();
+  };
+  settle(ctx, detail::capture_error([&] {
+           f->resize(total);
+           f->write(ranges);
+           f->sync();
+         }),
+         what, fail);
+  settle(ctx, detail::capture_error([&] { f->close(); }), what, fail);
+  f.reset();
+  settle(ctx, detail::capture_error([&] {
+           if (rank == 0) detail::replace_file(tmp, file);
+         }),
+         what, cleanup);
+}
+
+namespace {
+
+TensorDict load_safetensors_impl(const fs::path& file, const TensorDict* like,
+                                 const FileOptions& opts) {
+  const std::string name = file.string();
+  if (!opts.group) {
+    LocalFile f = LocalFile::open_read(file);
+    const std::uint64_t size = f.size();
+    std::array<std::byte, 8> first{};
+    if (size >= 8) {
+      const FileRange r{0, first.data(), 8};
+      f.read({&r, 1});
+    }
+    const std::uint64_t n = detail::safetensors_header_length(first, size, name);
+    std::vector<std::byte> json(n);
+    const FileRange r{8, json.data(), n};
+    f.read({&r, 1});
+    const auto h = detail::decode_safetensors_header(json, size, name);
+    Loaded l = plan_load(h, like, name);
+    f.read(l.ranges);
+    return std::move(l.dict);
+  }
+  const GroupContext ctx = group_context(opts);
+  const std::string what = what_of("load_safetensors", file);
+  settle(ctx, detail::capture_error([&] {
+           if (!fs::is_regular_file(file)) throw Error(fmt::format("{}: no such file", name));
+         }),
+         what);
+  std::optional<CollectiveFile> f;
+  settle(ctx, detail::capture_error([&] {
+           f.emplace(CollectiveFile::open(*ctx.g, file, false, ctx.deadline));
+         }),
+         what);
+  std::uint64_t size = 0;
+  std::array<std::byte, 8> first{};
+  settle(ctx, detail::capture_error([&] {
+           size = f->size();
+           const FileRange r{0, first.data(), std::min<std::uint64_t>(size, 8)};
+           f->read({&r, 1});
+         }),
+         what);
+  std::uint64_t n = 0;
+  std::vector<std::byte> json;
+  settle(ctx, detail::capture_error([&] {
+           n = detail::safetensors_header_length(first, size, name);
+           json.resize(n);
+         }),
+         what);
+  std::optional<Loaded> l;
+  settle(ctx, detail::capture_error([&] {
+           const FileRange r{8, json.data(), n};
+           f->read({&r, 1});
+         }),
+         what);
+  settle(ctx, detail::capture_error([&] {
+           const auto h = detail::decode_safetensors_header(json, size, name);
+           l.emplace(plan_load(h, like, name));
+         }),
+         what);
+  settle(ctx, detail::capture_error([&] { f->read(l->ranges); }), what);
+  settle(ctx, detail::capture_error([&] { f->close(); }), what);
+  return std::move(l->dict);
+}
+
+}  // namespace
+
+TensorDict load_safetensors(const fs::path& file, const FileOptions& opts) {
+  return load_safetensors_impl(file, nullptr, opts);
+}
+
+TensorDict load_safetensors(const fs::path& file, const TensorDict& like, const FileOptions& opts) {
+  return load_safetensors_impl(file, &like, opts);
+}
+
+void save_memmap(const TensorDict& dict, const fs::path& dir, const FileOptions& opts) {
+  const std::string what = what_of("save_memmap", dir);
+  Described mine;
+  const Gathered gathered = gather_manifests(dict, mine, opts, what);
+  const Manifest& m = gathered.manifest;
+  check_memmap(m, what);
+  const fs::path tmp = detail::temp_path_beside(dir, gathered.nonce);
+  if (!opts.group) {
+    try {
+      write_memmap_dirs(m, tmp);
+      write_memmap_leaves(m, mine, 0, tmp);
+      write_memmap_meta(m, tmp);
+      detail::replace_directory(tmp, dir);
+    } catch (...) {
+      detail::remove_quietly(tmp);
+      throw;
+    }
+    return;
+  }
+  const GroupContext ctx = group_context(opts);
+  const int rank = ctx.g->rank;
+  auto cleanup = [&] {
+    if (rank == 0) detail::remove_quietly(tmp);
+  };
+  settle(ctx, detail::capture_error([&] {
+           if (rank == 0) write_memmap_dirs(m, tmp);
+         }),
+         what, cleanup);
+  settle(ctx, detail::capture_error([&] { write_memmap_leaves(m, mine, rank, tmp); }), what,
+         cleanup);
+  settle(ctx, detail::capture_error([&] {
+           if (rank == 0) {
+             write_memmap_meta(m, tmp);
+             detail::replace_directory(tmp, dir);
+           }
+         }),
+         what, cleanup);
+}
+
+TensorDict load_memmap(const fs::path& dir, const FileOptions& opts) {
+  if (!opts.group) return read_memmap(dir);
+  const GroupContext ctx = group_context(opts);
+  TensorDict out;
+  settle(ctx, detail::capture_error([&] { out = read_memmap(dir); }), what_of("load_memmap", dir));
+  return out;
+}
+
+}  // namespace td
