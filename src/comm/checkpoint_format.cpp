@@ -154,9 +154,9 @@ std::optional<std::string_view> safetensors_dtype_name(DType dtype) {
   return std::nullopt;
 }
 
-std::string flat_name(const Key& key) {
+std::string flat_name(const KeyPath& key) {
   std::string out;
-  for (const auto& p : key.parts()) {
+  for (const auto& p : key) {
     if (!out.empty()) out += '.';
     out += p;
   }
@@ -328,10 +328,10 @@ std::string encode_structure(const DictStructure& s) {
   Json j = Json::object();
   j["version"] = s.version;
   Json keys = Json::object();
-  for (const auto& [flat, key] : s.keys) keys[flat] = key.parts();
+  for (const auto& [flat, key] : s.keys) keys[flat] = key;
   j["keys"] = std::move(keys);
   Json dicts = Json::array();
-  for (const auto& [key, batch] : s.dicts) dicts.push_back(Json::array({key.parts(), batch}));
+  for (const auto& [key, batch] : s.dicts) dicts.push_back(Json::array({key, batch}));
   j["dicts"] = std::move(dicts);
   try {
     return dump_strict(j);
@@ -348,7 +348,7 @@ DictStructure decode_structure(std::string_view json, std::string_view file) {
         fmt::format("{}: invalid __metadata__ \"{}\": {}", file, kStructureMetadataKey, why));
   };
   if (!j.is_object()) throw bad("not a JSON object");
-  auto parts_of = [&](const Json& p, bool allow_empty) -> Key {
+  auto parts_of = [&](const Json& p, bool allow_empty) -> KeyPath {
     if (!p.is_array() || p.size() > 1024) throw bad("a key is not a list of names");
     std::vector<std::string> parts;
     for (const auto& n : p) {
@@ -357,7 +357,7 @@ DictStructure decode_structure(std::string_view json, std::string_view file) {
       parts.push_back(n.get<std::string>());
     }
     if (parts.empty() && !allow_empty) throw bad("an empty key");
-    return Key(std::move(parts));
+    return parts;
   };
   DictStructure s;
   if (const auto v = j.find("version"); v != j.end() && v->is_string())
@@ -365,7 +365,7 @@ DictStructure decode_structure(std::string_view json, std::string_view file) {
   if (const auto k = j.find("keys"); k != j.end()) {
     if (!k->is_object()) throw bad("\"keys\" is not an object");
     for (const auto& [flat, parts] : k->items()) {
-      Key key = parts_of(parts, false);
+      KeyPath key = parts_of(parts, false);
       if (flat_name(key) != flat)
         throw bad(fmt::format("the key of tensor '{}' does not join to its name", flat));
       s.keys.emplace(flat, std::move(key));
@@ -375,7 +375,7 @@ DictStructure decode_structure(std::string_view json, std::string_view file) {
     if (!d->is_array()) throw bad("\"dicts\" is not a list");
     for (const auto& e : *d) {
       if (!e.is_array() || e.size() != 2) throw bad("a dict entry is not a [key, batch size] pair");
-      Key key = parts_of(e[0], true);
+      KeyPath key = parts_of(e[0], true);
       auto batch = shape_of(e[1]);
       if (!batch) throw bad("a batch size is not a list of non-negative integers");
       s.dicts.emplace_back(std::move(key), std::move(*batch));

@@ -81,20 +81,22 @@ struct EncodedHeader {
 EncodedHeader encode_safetensors_header(std::span<const PlannedTensor> tensors,
                                         const std::map<std::string, std::string>& metadata);
 
+/// A key as its names, outermost first; empty for the root dict (which td::Key cannot name).
+using KeyPath = std::vector<std::string>;
+
 /// What a dict's flat names cannot say: the key of each flat name whose parts contain '.', and
 /// the batch size of every dict (the root's key is empty), so empty sub-dicts survive too.
 struct DictStructure {
-  std::map<std::string, Key> keys;           // flat name -> key, where not the '.'-split
-  std::vector<std::pair<Key, Shape>> dicts;  // every dict with a non-empty batch size or no
-                                             // leaves, parents first
-  std::string version;                       // of the library that wrote the file
+  std::map<std::string, KeyPath> keys;           // flat name -> key, where not the '.'-split
+  std::vector<std::pair<KeyPath, Shape>> dicts;  // every dict (the root too), parents first
+  std::string version;                           // of the library that wrote the file
 };
 /// The JSON string stored under __metadata__[kStructureMetadataKey].
 std::string encode_structure(const DictStructure& s);
 /// Parses and validates it; throws td::Error naming `file`.
 DictStructure decode_structure(std::string_view json, std::string_view file);
-/// The parts of `key` joined by '.' (the flat name of a safetensors tensor).
-std::string flat_name(const Key& key);
+/// The names of `key` joined by '.' (the flat name of a safetensors tensor).
+std::string flat_name(const KeyPath& key);
 
 // ---- tensordict's memmap layout --------------------------------------------------------------
 

@@ -43,8 +43,14 @@ using Clock = std::chrono::steady_clock;
 
 // ---- manifests: what a dict (or the union of every rank's) holds ----------------------------
 
+using detail::KeyPath;
+
+// The key of a path that is not the root.
+Key key_of(const KeyPath& p) { return Key(p); }
+std::string key_str(const KeyPath& p) { return p.empty() ? std::string("<root>") : Key(p).str(); }
+
 struct LeafInfo {
-  Key key;
+  KeyPath key;
   DType dtype = DType::Float32;
   Shape shape;
   bool sparse = false;
@@ -52,7 +58,7 @@ struct LeafInfo {
   int mine = -1;             // index of this rank's tensor, -1 if this rank does not hold it
 };
 struct DictInfo {
-  Key key;
+  KeyPath key;
   Shape batch;
   std::vector<std::pair<std::string, bool>> entries;  // name, is_dict; insertion order
 };
@@ -61,20 +67,20 @@ struct Manifest {
   std::vector<DictInfo> dicts;   // parents first; [0] is the root
 };
 
-std::vector<std::string> child(const Key& parent, const std::string& name) {
-  std::vector<std::string> parts = parent.parts();
+KeyPath child(const KeyPath& parent, const std::string& name) {
+  KeyPath parts = parent;
   parts.push_back(name);
   return parts;
 }
 
-void flatten(const DictLayout& l, std::uint32_t index, const Key& key, int rank, bool local,
+void flatten(const DictLayout& l, std::uint32_t index, const KeyPath& key, int rank, bool local,
              Manifest& m) {
   const auto& d = l.dicts[index];
   m.dicts.push_back({key, d.batch, {}});
   const std::size_t at = m.dicts.size() - 1;
   for (const auto& e : d.entries) {
     m.dicts[at].entries.emplace_back(e.name, e.is_dict);
-    Key k(child(key, e.name));
+    KeyPath k = child(key, e.name);
     if (e.is_dict) {
       flatten(l, e.index, k, rank, local, m);
       continue;
@@ -91,7 +97,7 @@ void flatten(const DictLayout& l, std::uint32_t index, const Key& key, int rank,
 
 Manifest manifest_of(const DictLayout& l, int rank, bool local) {
   Manifest m;
-  flatten(l, 0, Key(std::vector<std::string>{}), rank, local, m);
+  flatten(l, 0, {}, rank, local, m);
   return m;
 }
 
@@ -109,12 +115,13 @@ std::string describe(const LeafInfo& l) {
 // ranks must be held the same way: else the same LayoutMismatchError on every rank.
 Manifest union_of(const std::vector<Manifest>& parts, int self, std::string_view what) {
   Manifest u;
-  std::map<Key, std::size_t> leaf_at, dict_at;
-  std::map<Key, int> dict_owner;
-  auto mismatch = [&](const Key& k, int r0, const std::string& a, int r1, const std::string& b) {
+  std::map<KeyPath, std::size_t> leaf_at, dict_at;
+  std::map<KeyPath, int> dict_owner;
+  auto mismatch = [&](const KeyPath& k, int r0, const std::string& a, int r1,
+                      const std::string& b) {
     return LayoutMismatchError(fmt::format(
         "{}: the ranks hold key '{}' differently: rank {}: {}; rank {}: {} (nothing was written)",
-        what, k.str(), r0, a, r1, b));
+        what, key_str(k), r0, a, r1, b));
   };
   for (std::size_t r = 0; r < parts.size(); ++r) {
     const int rank = static_cast<int>(r);
@@ -277,18 +284,18 @@ SafetensorsPlan plan_safetensors(const Manifest& m, std::string_view what) {
   std::vector<detail::PlannedTensor> tensors;
   detail::DictStructure s;
   s.version = kVersion;
-  std::map<std::string, const Key*> flat;
+  std::map<std::string, const KeyPath*> flat;
   for (const auto& l : m.leaves) {
     if (l.sparse)
       throw Error(
           fmt::format("{}: key '{}' is a sparse tensor; safetensors holds dense tensors (save "
                       "to_dense() instead)",
-                      what, l.key.str()));
+                      what, key_str(l.key)));
     std::string f = detail::flat_name(l.key);
     if (const auto [it, fresh] = flat.emplace(f, &l.key); !fresh)
       throw Error(fmt::format("{}: keys '{}' and '{}' would both be the tensor '{}' in the file",
-                              what, it->second->str(), l.key.str(), f));
-    const auto& parts = l.key.parts();
+                              what, key_str(*it->second), key_str(l.key), f));
+    const auto& parts = l.key;
     if (std::any_of(parts.begin(), parts.end(),
                     [](const std::string& p) { return p.find('.') != std::string::npos; }))
       s.keys.emplace(f, l.key);
@@ -407,7 +414,7 @@ Loaded plan_load(const detail::SafetensorsHeader& h, const TensorDict* like,
         continue;
       }
       const Tensor& want = like->get(k);
-      const std::string f = detail::flat_name(k);
+      const std::string f = detail::flat_name(k.parts());
       const auto it = by_name.find(f);
       if (it == by_name.end())
         throw KeyError(
@@ -429,22 +436,22 @@ Loaded plan_load(const detail::SafetensorsHeader& h, const TensorDict* like,
     s = detail::decode_structure(it->second, file);
   Shape root;
   for (const auto& [k, batch] : s.dicts)
-    if (k.parts().empty()) root = batch;
+    if (k.empty()) root = batch;
   TensorDict dict(root);
   for (const auto& [k, batch] : s.dicts) {
-    if (k.parts().empty()) continue;
+    if (k.empty()) continue;
     try {
-      if (!dict.contains(k)) dict.set(k, TensorDict(batch));
+      if (!dict.contains(key_of(k))) dict.set(key_of(k), TensorDict(batch));
     } catch (const std::exception& e) {
-      throw Error(
-          fmt::format("{}: the recorded dict '{}' cannot be rebuilt: {}", file, k.str(), e.what()));
+      throw Error(fmt::format("{}: the recorded dict '{}' cannot be rebuilt: {}", file, key_str(k),
+                              e.what()));
     }
   }
   for (const auto& e : h.entries) {
     if (!e.dtype) throw unsupported(e);
     Key key("x");
     if (const auto it = s.keys.find(e.name); it != s.keys.end()) {
-      key = it->second;
+      key = key_of(it->second);
     } else {
       try {
         key = Key::parse(e.name);
@@ -465,9 +472,9 @@ std::string what_of(std::string_view call, const fs::path& path) {
 // ---- memmap ----------------------------------------------------------------------------------
 
 // Where a key's file or directory is under `root`: one encoded directory per parent part.
-fs::path memmap_path(const fs::path& root, const Key& key, bool leaf) {
+fs::path memmap_path(const fs::path& root, const KeyPath& key, bool leaf) {
   fs::path p = root;
-  const auto& parts = key.parts();
+  const auto& parts = key;
   for (std::size_t i = 0; i < parts.size(); ++i) {
     const std::string enc = detail::memmap_file_name(parts[i]);
     p /= (leaf && i + 1 == parts.size()) ? enc + ".memmap" : enc;
@@ -479,7 +486,7 @@ void check_memmap(const Manifest& m, std::string_view what) {
   for (const auto& l : m.leaves)
     if (l.sparse)
       throw Error(fmt::format("{}: key '{}' is a sparse tensor; save to_dense() instead", what,
-                              l.key.str()));
+                              key_str(l.key)));
   for (const auto& d : m.dicts) {
     std::map<std::string, std::string> names;  // file name -> key name
     for (const auto& [n, is_dict] : d.entries) {
@@ -487,17 +494,17 @@ void check_memmap(const Manifest& m, std::string_view what) {
         throw Error(
             fmt::format("{}: key '{}': tensordict's meta.json uses '{}' for the dict's own "
                         "field; rename the key",
-                        what, Key(child(d.key, n)).str(), n));
+                        what, key_str(child(d.key, n)), n));
       std::string f = detail::memmap_file_name(n) + (is_dict ? "" : ".memmap");
       if (f == "meta.json" || !names.emplace(f, n).second)
         throw Error(fmt::format("{}: key '{}' would take the file name '{}' of another entry", what,
-                                Key(child(d.key, n)).str(), f));
+                                key_str(child(d.key, n)), f));
     }
   }
 }
 
 std::string meta_json(const Manifest& m, const DictInfo& d,
-                      const std::map<Key, const LeafInfo*>& leaves) {
+                      const std::map<KeyPath, const LeafInfo*>& leaves) {
   detail::MemmapMeta meta;
   meta.batch = d.batch;
   for (const auto& [n, is_dict] : d.entries) {
@@ -505,7 +512,7 @@ std::string meta_json(const Manifest& m, const DictInfo& d,
     e.key = n;
     e.is_dict = is_dict;
     if (!is_dict) {
-      const LeafInfo& l = *leaves.at(Key(child(d.key, n)));
+      const LeafInfo& l = *leaves.at(child(d.key, n));
       e.dtype = l.dtype;
       e.shape = l.shape;
     }
@@ -538,7 +545,7 @@ void write_memmap_dirs(const Manifest& m, const fs::path& root) {
 }
 
 void write_memmap_meta(const Manifest& m, const fs::path& root) {
-  std::map<Key, const LeafInfo*> leaves;
+  std::map<KeyPath, const LeafInfo*> leaves;
   for (const auto& l : m.leaves) leaves.emplace(l.key, &l);
   for (auto it = m.dicts.rbegin(); it != m.dicts.rend(); ++it) {
     const fs::path dir = memmap_path(root, it->key, false);
@@ -550,27 +557,27 @@ void write_memmap_meta(const Manifest& m, const fs::path& root) {
 // Reads a memmap directory (each rank all of it).
 TensorDict read_memmap(const fs::path& dir) {
   struct Leaf {
-    Key key;
+    KeyPath key;
     DType dtype;
     Shape shape;
     fs::path path;
   };
   std::vector<Leaf> leaves;
   struct Dict {
-    Key key;
+    KeyPath key;
     detail::MemmapMeta meta;
   };
   std::vector<Dict> dicts;
-  std::vector<std::pair<Key, fs::path>> todo{{Key(std::vector<std::string>{}), dir}};
+  std::vector<std::pair<KeyPath, fs::path>> todo{{KeyPath{}, dir}};
   for (std::size_t q = 0; q < todo.size(); ++q) {
     const auto [key, path] = todo[q];
-    if (key.parts().size() > detail::kCheckpointMaxDims * 4)
+    if (key.size() > detail::kCheckpointMaxDims * 4)
       throw Error(fmt::format("{}: nested too deeply", path.string()));
     const fs::path meta_file = path / "meta.json";
     const std::string text = detail::read_small_file(meta_file, detail::kSafetensorsMaxHeaderBytes);
     detail::MemmapMeta meta = detail::decode_memmap_meta(text, meta_file.string());
     for (const auto& e : meta.entries) {
-      Key k(child(key, e.key));
+      KeyPath k = child(key, e.key);
       const std::string enc = detail::memmap_file_name(e.key);
       if (e.is_dict) {
         fs::path sub = path / enc;
@@ -607,7 +614,7 @@ TensorDict read_memmap(const fs::path& dir) {
   for (std::size_t k = 0; k < kNumDTypes; ++k)
     if (total[k] > 0) storage[k] = Tensor::empty({total[k]}, static_cast<DType>(k));
   std::array<std::int64_t, kNumDTypes> at{};
-  std::map<Key, Tensor> tensors;
+  std::map<KeyPath, Tensor> tensors;
   for (const std::size_t i : order) {
     const Leaf& l = leaves[i];
     const auto k = static_cast<std::size_t>(l.dtype);
@@ -617,14 +624,14 @@ TensorDict read_memmap(const fs::path& dir) {
     at[k] += n;
     if (n > 0) {
       if (!fs::exists(l.path))
-        throw Error(fmt::format("{}: key '{}': its file {} is missing", dir.string(), l.key.str(),
-                                l.path.string()));
+        throw Error(fmt::format("{}: key '{}': its file {} is missing", dir.string(),
+                                key_str(l.key), l.path.string()));
       LocalFile f = LocalFile::open_read(l.path);
       const std::uint64_t want = t.nbytes();
       if (f.size() < want)
         throw Error(fmt::format("{}: key '{}': truncated: {} holds {} bytes, {}{} needs {}",
-                                dir.string(), l.key.str(), l.path.string(), f.size(), name(l.dtype),
-                                detail::shape_str(l.shape), want));
+                                dir.string(), key_str(l.key), l.path.string(), f.size(),
+                                name(l.dtype), detail::shape_str(l.shape), want));
       const FileRange r{0, static_cast<std::byte*>(t.raw_data()), want};
       f.read({&r, 1});
     }
@@ -633,18 +640,18 @@ TensorDict read_memmap(const fs::path& dir) {
   TensorDict out(dicts[0].meta.batch);
   for (const auto& d : dicts) {
     for (const auto& e : d.meta.entries) {
-      Key k(child(d.key, e.key));
+      const KeyPath k = child(d.key, e.key);
       try {
         if (e.is_dict) {
           const auto sub =
               std::find_if(dicts.begin(), dicts.end(), [&](const Dict& x) { return x.key == k; });
-          out.set(k, TensorDict(sub->meta.batch));
+          out.set(key_of(k), TensorDict(sub->meta.batch));
         } else {
-          out.set(k, tensors.at(k));
+          out.set(key_of(k), tensors.at(k));
         }
       } catch (const std::exception& err) {
         throw Error(
-            fmt::format("{}: key '{}' cannot be placed: {}", dir.string(), k.str(), err.what()));
+            fmt::format("{}: key '{}' cannot be placed: {}", dir.string(), key_str(k), err.what()));
       }
     }
   }
