@@ -362,7 +362,10 @@ void rethrow_note(const ErrorNote& note) {
 
 ErrorNote agree_outcome(GroupState& g, const ErrorNote& mine, Clock::time_point deadline,
                         std::string_view what) {
-  if (g.size == 1) return mine;
+  if (g.size == 1) {
+    if (!mine || mine.kind == 'L') return mine;
+    return {mine.kind, fmt::format("rank 0: {}", mine.what)};
+  }
   // The lowest failed rank, in one MIN (size: no rank failed).
   auto lowest = std::make_shared<int>(mine ? g.rank : g.size);
   MPI_Request req = MPI_REQUEST_NULL;

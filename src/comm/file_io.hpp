@@ -123,7 +123,7 @@ ErrorNote capture_error(F&& f) {
 }
 
 /// Every rank's local outcome made one: the note of the lowest rank that failed (its message
-/// prefixed with "rank r: " in a group of several), the same on every rank, or an empty note.
+/// prefixed with "rank r: "), the same on every rank, or an empty note.
 /// One small nonblocking collective (more only after a failure), polled against `deadline`.
 ErrorNote agree_outcome(GroupState& g, const ErrorNote& mine,
                         std::chrono::steady_clock::time_point deadline, std::string_view what);

@@ -1,0 +1,241 @@
+// Parallel checkpoints (FileOptions::group): replicated and sharded keys saved with collective
+// MPI-IO into one safetensors file (the same bytes a single process writes for the union), loads
+// by every rank or of each rank's own keys, and the failure guarantees: a key held differently is
+// the same LayoutMismatchError on every rank, nothing is written, the previous file is kept and no
+// temporary file is left. The memmap layout in parallel too.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <tensordict/tensordict.hpp>
+
+#include "support/names.hpp"
+
+namespace fs = std::filesystem;
+using Catch::Matchers::Contains;
+
+namespace {
+
+int rank() { return td::get_rank(); }
+int size() { return td::get_world_size(); }
+
+// One directory shared by every rank of the job (named after rank 0's process id).
+struct SharedDir {
+  fs::path path;
+  SharedDir() {
+    Tensor id = Tensor::full<std::int64_t>({1}, ::getpid());
+    td::broadcast(id, 0);
+    static int counter = 0;
+    path = fs::temp_directory_path() /
+           fmt::format("td-ckpt-mpi-{}-{}", id.item<std::int64_t>(), counter++);
+    if (rank() == 0) {
+      fs::remove_all(path);
+      fs::create_directories(path);
+    }
+    td::barrier();
+  }
+  ~SharedDir() {
+    td::barrier();
+    if (rank() == 0) fs::remove_all(path);
+  }
+  SharedDir(const SharedDir&) = delete;
+  SharedDir& operator=(const SharedDir&) = delete;
+  std::vector<std::string> entries() const {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator(path)) out.push_back(e.path().filename().string());
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+};
+
+std::vector<char> read_bytes(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+td::FileOptions group_opts() {
+  td::FileOptions o;
+  o.group = td::world();
+  o.timeout = std::chrono::seconds(60);
+  return o;
+}
+
+// A model every rank holds the same way (several dtypes, a strided view, a 0-d and an empty leaf,
+// one leaf large enough to be split between the ranks at an odd byte).
+TensorDict model() {
+  TensorDict d;
+  std::vector<float> w(3 * 1001);
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i) * 0.5F;
+  d.set(Key({"layer0", "weight"}), Tensor::from_vector<float>(w, {3, 1001}));
+  d.set(Key({"layer0", "weight_t"}), d.get(Key({"layer0", "weight"})).transpose(0, 1));
+  d.set(Key({"layer0", "bias"}), Tensor::full<Eigen::half>({1001}, Eigen::half(0.25F)));
+  d.set("step", Tensor::full<std::int64_t>({}, 12345));
+  d.set("mask", Tensor::from_vector<bool>({true, false, true, true, false}));
+  d.set("empty", Tensor::empty({0, 3}, DType::Float64));
+  d.set(Key({"opt", "m"}), Tensor::full<std::uint8_t>({7}, 3));
+  return d;
+}
+
+// Rank r's shard: keys only it holds, values it and every other rank can compute.
+Tensor shard_values(int r) {
+  return Tensor::from_vector<std::int32_t>({r, r * 10 + 1, r * 10 + 2, r * 10 + 3, 7 - r});
+}
+TensorDict shard_of(int r) {
+  TensorDict d;
+  d.set(Key({"experts", fmt::format("e{}", r), "w"}), shard_values(r));
+  d.set("shared_bias", Tensor::full<double>({4}, 1.5));  // replicated on every rank
+  return d;
+}
+TensorDict union_of_shards() {
+  TensorDict d;
+  for (int r = 0; r < size(); ++r) d.update(shard_of(r));
+  return d;
+}
+
+// Whether every rank's message is the same (compared by length and a hash of it).
+bool same_on_every_rank(const std::string& msg) {
+  const auto h = static_cast<std::int64_t>(std::hash<std::string>{}(msg) >> 2);
+  Tensor lo = Tensor::full<std::int64_t>({2}, h), hi = Tensor::full<std::int64_t>({2}, h);
+  lo.data<std::int64_t>()[1] = static_cast<std::int64_t>(msg.size());
+  hi.data<std::int64_t>()[1] = static_cast<std::int64_t>(msg.size());
+  td::all_reduce(lo, ReduceOp::MIN);
+  td::all_reduce(hi, ReduceOp::MAX);
+  return lo.equal(hi);
+}
+
+}  // namespace
+
+TEST_CASE("a replicated model is written by every rank together, as one process writes it",
+          "[checkpoint][safetensors]") {
+  SharedDir dir;
+  const fs::path par = dir.path / "par.safetensors";
+  td::save_safetensors(model(), par, group_opts());
+  if (rank() == 0) td::save_safetensors(model(), dir.path / "serial.safetensors");
+  td::barrier();
+  CHECK(read_bytes(par) == read_bytes(dir.path / "serial.safetensors"));
+  const TensorDict back = td::load_safetensors(par, group_opts());
+  CHECK(back.equal(model()));
+  CHECK(back.is_consolidated());
+  CHECK(td::load_safetensors(par).equal(model()));
+}
+
+TEST_CASE("sharded keys: the file holds the union; each rank loads its own keys",
+          "[checkpoint][safetensors]") {
+  SharedDir dir;
+  const fs::path f = dir.path / "sharded.safetensors";
+  td::save_safetensors(shard_of(rank()), f, group_opts());
+  CHECK(td::load_safetensors(f).equal(union_of_shards()));
+  CHECK(td::load_safetensors(f, group_opts()).equal(union_of_shards()));
+  // Each rank reads only its shard (collective reads of different ranges per rank).
+  TensorDict like;
+  like.set(Key({"experts", fmt::format("e{}", rank()), "w"}), Tensor::zeros({5}, DType::Int32));
+  const TensorDict mine = td::load_safetensors(f, like, group_opts());
+  CHECK(mine.keys(true, true).size() == 1);
+  CHECK(mine.get(Key({"experts", fmt::format("e{}", rank()), "w"})).equal(shard_values(rank())));
+  // A rank asking for a key the file lacks: the same KeyError on every rank.
+  TensorDict absent = like.clone();
+  if (rank() == size() - 1) absent.set("not_saved", Tensor::zeros({1}, DType::Float32));
+  std::string msg;
+  try {
+    (void)td::load_safetensors(f, absent, group_opts());
+  } catch (const td::KeyError& e) {
+    msg = e.what();
+  }
+  CHECK_THAT(msg, Contains("not_saved") && Contains(f.string()));
+  CHECK(same_on_every_rank(msg));
+}
+
+TEST_CASE(
+    "a key held differently is the same LayoutMismatchError on every rank, and nothing "
+    "is written",
+    "[checkpoint][safetensors][errors]") {
+  if (size() < 2) return;
+  SharedDir dir;
+  const fs::path f = dir.path / "ckpt.safetensors";
+  td::save_safetensors(model(), f, group_opts());
+  const auto before = read_bytes(f);
+  TensorDict d = model();
+  if (rank() == 1) d.set(Key({"layer0", "bias"}), Tensor::zeros({1000}, DType::Float16));
+  std::string msg;
+  try {
+    td::save_safetensors(d, f, group_opts());
+  } catch (const td::LayoutMismatchError& e) {
+    msg = e.what();
+  }
+  CHECK_THAT(msg, Contains("'layer0.bias'") && Contains("float16[1001]") &&
+                      Contains("float16[1000]") && Contains("nothing was written"));
+  CHECK(same_on_every_rank(msg));
+  td::barrier();
+  CHECK(read_bytes(f) == before);
+  CHECK(dir.entries() == std::vector<std::string>{"ckpt.safetensors"});
+}
+
+TEST_CASE("one rank's bad leaf or a failed rename fails every rank; the previous file is kept",
+          "[checkpoint][safetensors][errors]") {
+  SharedDir dir;
+  const fs::path f = dir.path / "ckpt.safetensors";
+  td::save_safetensors(model(), f, group_opts());
+  const auto before = read_bytes(f);
+  TensorDict d = model();
+  if (rank() == size() - 1) d.set("z", Tensor::from_vector<std::complex<double>>({{1, 2}}));
+  std::string msg;
+  try {
+    td::save_safetensors(d, f, group_opts());
+  } catch (const td::Error& e) {
+    msg = e.what();
+  }
+  CHECK_THAT(msg, Contains("'z'") && Contains("complex128"));
+  CHECK(same_on_every_rank(msg));
+  // The data is written and flushed, then the rename over a directory fails on rank 0: every
+  // rank throws, the temporary file is removed.
+  const fs::path target = dir.path / "a_directory";
+  if (rank() == 0) fs::create_directories(target / "keep");
+  td::barrier();
+  std::string rename_msg;
+  try {
+    td::save_safetensors(model(), target, group_opts());
+  } catch (const td::Error& e) {
+    rename_msg = e.what();
+  }
+  CHECK_THAT(rename_msg, Contains("rank 0") && Contains("rename"));
+  CHECK(same_on_every_rank(rename_msg));
+  td::barrier();
+  CHECK(read_bytes(f) == before);
+  CHECK(dir.entries() == std::vector<std::string>{"a_directory", "ckpt.safetensors"});
+}
+
+TEST_CASE("a truncated file is the same error on every rank of a group load",
+          "[checkpoint][safetensors][errors]") {
+  SharedDir dir;
+  const fs::path f = dir.path / "cut.safetensors";
+  td::save_safetensors(model(), f, group_opts());
+  if (rank() == 0) fs::resize_file(f, fs::file_size(f) - 3);
+  td::barrier();
+  std::string msg;
+  try {
+    (void)td::load_safetensors(f, group_opts());
+  } catch (const td::Error& e) {
+    msg = e.what();
+  }
+  CHECK_THAT(msg, Contains(f.string()) && Contains("truncated"));
+  CHECK(same_on_every_rank(msg));
+}
+
+TEST_CASE("memmap in parallel: the union, each leaf written once", "[checkpoint][memmap]") {
+  SharedDir dir;
+  const fs::path root = dir.path / "td";
+  td::save_memmap(shard_of(rank()), root, group_opts());
+  CHECK(td::load_memmap(root).equal(union_of_shards()));
+  CHECK(td::load_memmap(root, group_opts()).equal(union_of_shards()));
+  CHECK(fs::exists(root / "experts" / "e0" / "w.memmap"));
+  CHECK(fs::exists(root / "shared_bias.memmap"));
+  td::barrier();
+  CHECK(dir.entries() == std::vector<std::string>{"td"});
+}
