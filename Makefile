@@ -128,18 +128,25 @@ docs: configure
 	mkdir -p $(BUILD_DIR)/docs
 	$(DOXYGEN) Doxyfile
 
-# libFuzzer on the bucket planner (clang); CI runs a short round, FUZZ_SECONDS=600 a longer one.
+# libFuzzer on the bucket planner, the transport metadata decoder and the checkpoint parsers
+# (clang; the checkpoint target starts from the seeds in test/fuzz/corpus-checkpoint). CI runs a
+# short round, FUZZ_SECONDS=600 a longer one.
 FUZZ_SECONDS ?= 20
 fuzz: deps
 	CXX=clang++ CC=clang $(CMAKE) -S . -B $(BUILD_DIR)-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTD_BUILD_FUZZ=ON \
 	  -DTD_BUILD_TESTS=OFF -DTD_BUILD_BENCHMARKS=OFF -DTD_BUILD_EXAMPLES=OFF
-	$(CMAKE) --build $(BUILD_DIR)-fuzz -j$(JOBS) --target fuzz_bucket_plan fuzz_dict_wire
+	$(CMAKE) --build $(BUILD_DIR)-fuzz -j$(JOBS) --target fuzz_bucket_plan fuzz_dict_wire \
+	  fuzz_checkpoint_format
 	mkdir -p $(BUILD_DIR)-fuzz/corpus
 	ASAN_OPTIONS=detect_leaks=0 $(BUILD_DIR)-fuzz/bin/fuzz_bucket_plan -max_total_time=$(FUZZ_SECONDS) \
 	  -print_final_stats=1 $(BUILD_DIR)-fuzz/corpus
 	mkdir -p $(BUILD_DIR)-fuzz/corpus-dict-wire
 	ASAN_OPTIONS=detect_leaks=0 $(BUILD_DIR)-fuzz/bin/fuzz_dict_wire -max_total_time=$(FUZZ_SECONDS) \
 	  -print_final_stats=1 $(BUILD_DIR)-fuzz/corpus-dict-wire
+	mkdir -p $(BUILD_DIR)-fuzz/corpus-checkpoint
+	cp test/fuzz/corpus-checkpoint/* $(BUILD_DIR)-fuzz/corpus-checkpoint/
+	ASAN_OPTIONS=detect_leaks=0 $(BUILD_DIR)-fuzz/bin/fuzz_checkpoint_format \
+	  -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 $(BUILD_DIR)-fuzz/corpus-checkpoint
 
 # The suite under AddressSanitizer + UndefinedBehaviorSanitizer, and under ThreadSanitizer
 # (which matters for the progress thread). Separate build trees; fault and install tests skipped.

@@ -29,7 +29,9 @@ static_assert(std::endian::native == std::endian::little,
 
 namespace {
 
-using Json = nlohmann::ordered_json;
+// std::map-backed (nlohmann::ordered_json looks keys up linearly: quadratic for 16384 tensors); the
+// order of a meta.json's entries comes from the parser callback instead.
+using Json = nlohmann::json;
 
 // The reference's dtypes (tensor.rs, enum Dtype) with their sizes in bits, and the library dtype
 // each one is (none for those the library lacks).
@@ -65,24 +67,68 @@ struct JsonRejected {
   std::string why;
 };
 
-Json parse_json(std::string_view text, int max_depth) {
-  std::set<std::string> top_keys;
-  auto callback = [&](int depth, nlohmann::json::parse_event_t event, Json& parsed) {
-    if (depth > max_depth)
-      throw JsonRejected{fmt::format("nested deeper than {} levels", max_depth)};
-    if (event == nlohmann::json::parse_event_t::key && depth == 1) {
-      const auto& k = parsed.get_ref<const std::string&>();
-      if (!top_keys.insert(k).second)
-        throw JsonRejected{fmt::format("the name '{}' appears twice", k)};
+struct Parsed {
+  Json value;
+  std::vector<std::string> order;  // the top-level object's names, in file order
+};
+
+// A first pass over the text without building anything: the nesting depth, the top-level names
+// (duplicates, order). Not the DOM parser's callback: nlohmann's callback parser rescans an
+// object's members at its end, quadratic in the number of tensors.
+class Scan : public nlohmann::json_sax<Json> {
+ public:
+  Scan(int max_depth, std::vector<std::string>& order) : max_depth_(max_depth), order_(order) {}
+  bool null() override { return true; }
+  bool boolean(bool /*val*/) override { return true; }
+  bool number_integer(number_integer_t /*val*/) override { return true; }
+  bool number_unsigned(number_unsigned_t /*val*/) override { return true; }
+  bool number_float(number_float_t /*val*/, const string_t& /*s*/) override { return true; }
+  bool string(string_t& /*val*/) override { return true; }
+  bool binary(binary_t& /*val*/) override { return true; }
+  bool start_object(std::size_t /*elements*/) override { return enter(); }
+  bool end_object() override { return leave(); }
+  bool start_array(std::size_t /*elements*/) override { return enter(); }
+  bool end_array() override { return leave(); }
+  bool key(string_t& val) override {
+    if (depth_ == 1) {
+      if (!seen_.insert(val).second)
+        throw JsonRejected{fmt::format("the name '{}' appears twice", val)};
+      order_.push_back(val);
     }
     return true;
-  };
-  return Json::parse(text.begin(), text.end(), callback);
+  }
+  bool parse_error(std::size_t /*position*/, const std::string& /*last_token*/,
+                   const nlohmann::detail::exception& /*ex*/) override {
+    return false;  // the DOM parser reports it, with its message
+  }
+
+ private:
+  bool enter() {
+    if (++depth_ > max_depth_)
+      throw JsonRejected{fmt::format("nested deeper than {} levels", max_depth_)};
+    return true;
+  }
+  bool leave() {
+    --depth_;
+    return true;
+  }
+  int max_depth_;
+  int depth_ = 0;
+  std::set<std::string> seen_;
+  std::vector<std::string>& order_;
+};
+
+Parsed parse_json(std::string_view text, int max_depth) {
+  Parsed out;
+  Scan scan(max_depth, out.order);
+  Json::sax_parse(text.begin(), text.end(), &scan);
+  out.value = Json::parse(text.begin(), text.end());
+  return out;
 }
 
 // Parses `text` (a header or meta.json), turning every parser complaint into td::Error.
-Json parse_checked(std::string_view text, int max_depth, std::string_view file,
-                   std::string_view what) {
+Parsed parse_checked(std::string_view text, int max_depth, std::string_view file,
+                     std::string_view what) {
   try {
     return parse_json(text, max_depth);
   } catch (const JsonRejected& r) {
@@ -120,30 +166,18 @@ std::string dump_strict(const Json& j) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::strict);
 }
 
-// Python's json.dumps(obj) formatting (", " and ": " separators, non-ASCII escaped), which
-// tensordict's meta.json files have.
-void python_dump(const Json& j, std::string& out) {
-  if (j.is_object()) {
-    out += '{';
-    bool first = true;
-    for (const auto& [k, v] : j.items()) {
-      if (!first) out += ", ";
-      first = false;
-      out += Json(k).dump(-1, ' ', true, nlohmann::json::error_handler_t::strict);
-      out += ": ";
-      python_dump(v, out);
-    }
-    out += '}';
-  } else if (j.is_array()) {
-    out += '[';
-    for (std::size_t i = 0; i < j.size(); ++i) {
-      if (i > 0) out += ", ";
-      python_dump(j[i], out);
-    }
-    out += ']';
-  } else {
-    out += j.dump(-1, ' ', true, nlohmann::json::error_handler_t::strict);
+// A JSON string as Python's json.dumps writes it (non-ASCII escaped); td::Error for bad UTF-8.
+std::string json_string(std::string_view s, bool ascii) {
+  try {
+    return Json(s).dump(-1, ' ', ascii, nlohmann::json::error_handler_t::strict);
+  } catch (const nlohmann::json::exception&) {
+    throw Error(fmt::format("a name is not valid UTF-8 ({} bytes)", s.size()));
   }
+}
+
+// A shape as JSON, with Python's ", " separator or without.
+std::string json_shape(const Shape& s, std::string_view sep) {
+  return fmt::format("[{}]", fmt::join(s, sep));
 }
 
 }  // namespace
@@ -189,7 +223,7 @@ SafetensorsHeader decode_safetensors_header(std::span<const std::byte> json,
   const std::string_view text(reinterpret_cast<const char*>(json.data()), json.size());
   if (text.empty() || text.front() != '{')
     throw Error(fmt::format("{}: invalid header: it does not begin with '{{'", file));
-  const Json j = parse_checked(text, 3, file, "header");
+  const Json j = parse_checked(text, 3, file, "header").value;
   if (!j.is_object()) throw Error(fmt::format("{}: invalid header: not a JSON object", file));
 
   SafetensorsHeader h;
@@ -198,7 +232,10 @@ SafetensorsHeader decode_safetensors_header(std::span<const std::byte> json,
     throw Error(fmt::format("{}: truncated: the header ends past the end of the file", file));
   h.data_bytes = file_size - h.data_start;
   h.entries.reserve(j.size());
-  for (const auto& [name, info] : j.items()) {
+  for (const auto& item : j.items()) {
+    // Named, not bound: lambdas below use them (clang 14 cannot capture structured bindings).
+    const std::string& name = item.key();
+    const Json& info = item.value();
     if (name == "__metadata__") {
       if (!info.is_object())
         throw Error(fmt::format("{}: invalid header: __metadata__ is not an object", file));
@@ -276,14 +313,22 @@ SafetensorsHeader decode_safetensors_header(std::span<const std::byte> json,
 
 EncodedHeader encode_safetensors_header(std::span<const PlannedTensor> tensors,
                                         const std::map<std::string, std::string>& metadata) {
+  // Written out directly (the reference's layout: __metadata__ first, then each tensor's dtype,
+  // shape and data_offsets, no spaces) instead of through a JSON object, which would sort names.
   EncodedHeader out;
-  Json j = Json::object();
+  std::string text = "{";
   if (!metadata.empty()) {
-    Json m = Json::object();
-    for (const auto& [k, v] : metadata) m[k] = v;
-    j["__metadata__"] = std::move(m);
+    text += "\"__metadata__\":{";
+    bool first = true;
+    for (const auto& [k, v] : metadata) {
+      if (!first) text += ',';
+      first = false;
+      text += json_string(k, false) + ':' + json_string(v, false);
+    }
+    text += '}';
   }
   out.begin.reserve(tensors.size());
+  std::set<std::string_view> names;
   std::uint64_t at = 0;
   for (const auto& t : tensors) {
     const auto dname = safetensors_dtype_name(t.dtype);
@@ -292,29 +337,24 @@ EncodedHeader encode_safetensors_header(std::span<const PlannedTensor> tensors,
           fmt::format("tensor '{}': safetensors has no {} dtype (save it as two float64 halves, as "
                       "complex64, or with save_memmap)",
                       t.name, name(t.dtype)));
-    if (j.contains(t.name))
+    if (!names.insert(t.name).second || t.name == "__metadata__")
       throw Error(fmt::format("two tensors would be named '{}' in the file", t.name));
     const auto bytes = byte_count(t.shape, static_cast<unsigned>(itemsize(t.dtype) * 8));
     if (!bytes) throw Error(fmt::format("tensor '{}': its size overflows", t.name));
     out.begin.push_back(at);
-    Json e = Json::object();
-    e["dtype"] = std::string(*dname);
-    e["shape"] = t.shape;
-    e["data_offsets"] = {at, at + *bytes};
-    j[t.name] = std::move(e);
+    if (text.size() > 1) text += ',';
+    text +=
+        fmt::format("{}:{{\"dtype\":\"{}\",\"shape\":{},\"data_offsets\":[{},{}]}}",
+                    json_string(t.name, false), *dname, json_shape(t.shape, ","), at, at + *bytes);
     at += *bytes;
+    if (text.size() > kSafetensorsMaxHeaderBytes) break;  // reported below
   }
+  text += '}';
   out.data_bytes = at;
-  std::string text;
-  try {
-    text = dump_strict(j);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(fmt::format("a tensor name or metadata value is not valid UTF-8: {}", e.what()));
-  }
   text.resize((text.size() + 7) / 8 * 8, ' ');
   if (text.size() > kSafetensorsMaxHeaderBytes)
-    throw Error(fmt::format("the header would take {} bytes, above the format's limit of {}",
-                            text.size(), kSafetensorsMaxHeaderBytes));
+    throw Error(fmt::format("the header would take more than the format's limit of {} bytes",
+                            kSafetensorsMaxHeaderBytes));
   const std::uint64_t n = text.size();
   out.bytes.resize(8 + text.size());
   std::memcpy(out.bytes.data(), &n, 8);
@@ -342,7 +382,7 @@ std::string encode_structure(const DictStructure& s) {
 
 DictStructure decode_structure(std::string_view json, std::string_view file) {
   const Json j =
-      parse_checked(json, 4, file, fmt::format("__metadata__ \"{}\"", kStructureMetadataKey));
+      parse_checked(json, 4, file, fmt::format("__metadata__ \"{}\"", kStructureMetadataKey)).value;
   auto bad = [&](std::string_view why) {
     return Error(
         fmt::format("{}: invalid __metadata__ \"{}\": {}", file, kStructureMetadataKey, why));
@@ -407,36 +447,30 @@ bool is_memmap_reserved_key(std::string_view key) {
 }
 
 std::string encode_memmap_meta(const MemmapMeta& meta) {
-  Json j = Json::object();
+  // Python's json.dumps formatting of _td_memmap.py's dict: the entries in insertion order, then
+  // "shape", "device", "_type".
+  std::string out = "{";
   for (const auto& e : meta.entries) {
     if (is_memmap_reserved_key(e.key))
       throw Error(fmt::format(
           "key '{}': tensordict's meta.json uses this name for the dict's own field", e.key));
+    out += json_string(e.key, true);
     if (e.is_dict) {
-      j[e.key] = {{"type", "TensorDict"}};
+      out += R"(: {"type": "TensorDict"}, )";
     } else {
-      Json leaf = Json::object();
-      leaf["device"] = "cpu";
-      leaf["shape"] = e.shape;
-      leaf["dtype"] = torch_dtype_name(e.dtype);
-      leaf["is_nested"] = false;
-      j[e.key] = std::move(leaf);
+      out +=
+          fmt::format(R"(: {{"device": "cpu", "shape": {}, "dtype": "{}", "is_nested": false}}, )",
+                      json_shape(e.shape, ", "), torch_dtype_name(e.dtype));
     }
   }
-  j["shape"] = meta.batch;
-  j["device"] = "cpu";
-  j["_type"] = kTensorDictType;
-  std::string out;
-  try {
-    python_dump(j, out);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(fmt::format("a key is not valid UTF-8: {}", e.what()));
-  }
+  out += fmt::format(R"("shape": {}, "device": "cpu", "_type": "{}"}})",
+                     json_shape(meta.batch, ", "), kTensorDictType);
   return out;
 }
 
 MemmapMeta decode_memmap_meta(std::string_view json, std::string_view file) {
-  const Json j = parse_checked(json, 3, file, "meta.json");
+  const Parsed parsed = parse_checked(json, 3, file, "meta.json");
+  const Json& j = parsed.value;
   if (!j.is_object()) throw Error(fmt::format("{}: invalid meta.json: not a JSON object", file));
   MemmapMeta m;
   if (const auto s = j.find("shape"); s != j.end()) {
@@ -445,7 +479,8 @@ MemmapMeta decode_memmap_meta(std::string_view json, std::string_view file) {
       throw Error(fmt::format("{}: invalid meta.json: \"shape\" is not a batch size", file));
     m.batch = std::move(*batch);
   }
-  for (const auto& [key, info] : j.items()) {
+  for (const std::string& key : parsed.order) {
+    const Json& info = j.at(key);
     if (is_memmap_reserved_key(key) || !info.is_object()) continue;  // the dict's own fields
     auto bad = [&](std::string_view why) {
       return Error(fmt::format("{}: key '{}': {}", file, key, why));
