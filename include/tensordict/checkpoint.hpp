@@ -18,9 +18,9 @@ namespace td {
 struct FileOptions {
   /// Set: the call is collective over the group (every rank calls; MPI-IO). Unset: this process
   /// alone, with POSIX I/O (no MPI needed).
-  std::optional<ProcessGroup> group;
+  std::optional<ProcessGroup> group = std::nullopt;
   /// Limit of the group's rendezvous and data phase; default: InitOptions::timeout.
-  std::optional<std::chrono::milliseconds> timeout;
+  std::optional<std::chrono::milliseconds> timeout = std::nullopt;
 };
 
 /// Writes `dict` as a safetensors file (nested keys joined by '.'); with a group, the union of
