@@ -3,19 +3,20 @@
 //          dict holds about --large-bytes (1 GiB by default);
 //   small: --small-leaves leaves of --small-bytes each (16384 x 4 KiB by default);
 // each saved with td::save_safetensors and loaded with td::load_safetensors, against a raw
-// sequential write() + fsync() and read() of the same number of bytes from one buffer (what a
-// program with no format and no library would do at best). At 1 rank the library runs its serial
-// path (POSIX); at N ranks every rank holds the same dict (a replicated model) and the save and
-// load are collective over the world group (MPI-IO), each rank writing 1/N of the bytes; the raw
-// baselines run on rank 0 alone while the others wait. Figures: the median over --rounds rounds
-// (the max over ranks for collective calls) and GB/s (1e9 bytes per second). The first round's
-// save is loaded back and compared before anything is timed.
+// sequential write() + fsync() of the same number of bytes from one buffer, and read() of them
+// into a freshly allocated one (what a program with no format and no library would do at best). At
+// 1 rank the library runs its serial path (POSIX); at N ranks every rank holds the same dict (a
+// replicated model) and the save and load are collective over the world group (MPI-IO), each rank
+// writing 1/N of the bytes; the raw baselines run on rank 0 alone while the others wait. Figures:
+// the median over --rounds rounds (the max over ranks for collective calls) and GB/s (1e9 bytes per
+// second). The first round's save is loaded back and compared before anything is timed.
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -85,17 +86,18 @@ double raw_write(const fs::path& p, const std::vector<char>& buf) {
   }
   return secs_since(t0);
 }
-double raw_read(const fs::path& p, std::vector<char>& buf) {
+// Into a fresh buffer each time, as a load must allocate its tensors (both pay the page faults).
+double raw_read(const fs::path& p, std::size_t bytes) {
   const auto t0 = Clock::now();
+  const std::unique_ptr<char[]> buf(new char[bytes]);  // NOLINT(modernize-avoid-c-arrays)
   const int fd = ::open(p.c_str(), O_RDONLY);
   std::size_t done = 0;
-  while (fd >= 0 && done < buf.size()) {
-    const ssize_t r =
-        ::read(fd, buf.data() + done, std::min<std::size_t>(buf.size() - done, 1 << 30));
+  while (fd >= 0 && done < bytes) {
+    const ssize_t r = ::read(fd, buf.get() + done, std::min<std::size_t>(bytes - done, 1 << 30));
     if (r <= 0) break;
     done += static_cast<std::size_t>(r);
   }
-  if (fd < 0 || done != buf.size() || ::close(fd) != 0) {
+  if (fd < 0 || done != bytes || ::close(fd) != 0) {
     std::fprintf(stderr, "bench_checkpoint: raw read of %s failed\n", p.c_str());
     std::exit(1);
   }
@@ -173,7 +175,7 @@ int main(int argc, char** argv) {
       rows[base].times.push_back(t);
       rows[base + 1].times.push_back(
           td_bench::timed_max_over_ranks([&] { td::save_safetensors(c.dict, st, opts); }));
-      if (rank == 0) t = raw_read(raw, buf);
+      if (rank == 0) t = raw_read(raw, buf.size());
       td::barrier();
       rows[base + 2].times.push_back(t);
       rows[base + 3].times.push_back(

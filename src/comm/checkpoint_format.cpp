@@ -333,10 +333,10 @@ EncodedHeader encode_safetensors_header(std::span<const PlannedTensor> tensors,
   for (const auto& t : tensors) {
     const auto dname = safetensors_dtype_name(t.dtype);
     if (!dname)
-      throw Error(
-          fmt::format("tensor '{}': safetensors has no {} dtype (save it as two float64 halves, as "
-                      "complex64, or with save_memmap)",
-                      t.name, name(t.dtype)));
+      throw Error(fmt::format(
+          "tensor '{}': safetensors has no {} dtype (save its real and imaginary parts as float64 "
+          "leaves, convert it to complex64, or use save_memmap)",
+          t.name, name(t.dtype)));
     if (!names.insert(t.name).second || t.name == "__metadata__")
       throw Error(fmt::format("two tensors would be named '{}' in the file", t.name));
     const auto bytes = byte_count(t.shape, static_cast<unsigned>(itemsize(t.dtype) * 8));

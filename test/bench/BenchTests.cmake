@@ -28,3 +28,11 @@ add_test(NAME bench.backward
           $<TARGET_FILE:bench_backward> ${TD_MPIEXEC_FLAGS})
 set_tests_properties(bench.backward PROPERTIES LABELS "bench;mpi" TIMEOUT 120
   ENVIRONMENT "${_TD_MPI_TEST_ENV};TD_AUTOTUNE_CACHE=0")
+
+# A one-round bench_checkpoint at 2 ranks on small dicts (its guard loads back what it saved and
+# compares; the default 1 GiB run is for `bench_checkpoint` by hand, docs/checkpoint.md).
+add_test(NAME bench.checkpoint
+  COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${TD_MPIEXEC_FLAGS}
+          $<TARGET_FILE:bench_checkpoint> --rounds 1 --large-bytes 8MiB --small-leaves 256)
+set_tests_properties(bench.checkpoint PROPERTIES LABELS "bench;mpi" TIMEOUT 120
+  ENVIRONMENT "${_TD_MPI_TEST_ENV}")
