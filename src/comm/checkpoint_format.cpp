@@ -67,11 +67,6 @@ struct JsonRejected {
   std::string why;
 };
 
-struct Parsed {
-  Json value;
-  std::vector<std::string> order;  // the top-level object's names, in file order
-};
-
 // A first pass over the text without building anything: the nesting depth, the top-level names
 // (duplicates, order). Not the DOM parser's callback: nlohmann's callback parser rescans an
 // object's members at its end, quadratic in the number of tensors.
@@ -118,19 +113,18 @@ class Scan : public nlohmann::json_sax<Json> {
   std::vector<std::string>& order_;
 };
 
-Parsed parse_json(std::string_view text, int max_depth) {
-  Parsed out;
-  Scan scan(max_depth, out.order);
+// The document; `order` receives the top-level object's names in file order.
+Json parse_json(std::string_view text, int max_depth, std::vector<std::string>& order) {
+  Scan scan(max_depth, order);
   Json::sax_parse(text.begin(), text.end(), &scan);
-  out.value = Json::parse(text.begin(), text.end());
-  return out;
+  return Json::parse(text.begin(), text.end());
 }
 
 // Parses `text` (a header or meta.json), turning every parser complaint into td::Error.
-Parsed parse_checked(std::string_view text, int max_depth, std::string_view file,
-                     std::string_view what) {
+Json parse_checked(std::string_view text, int max_depth, std::string_view file,
+                   std::string_view what, std::vector<std::string>& order) {
   try {
-    return parse_json(text, max_depth);
+    return parse_json(text, max_depth, order);
   } catch (const JsonRejected& r) {
     throw Error(fmt::format("{}: invalid {}: {}", file, what, r.why));
   } catch (const nlohmann::json::exception& e) {
@@ -223,7 +217,8 @@ SafetensorsHeader decode_safetensors_header(std::span<const std::byte> json,
   const std::string_view text(reinterpret_cast<const char*>(json.data()), json.size());
   if (text.empty() || text.front() != '{')
     throw Error(fmt::format("{}: invalid header: it does not begin with '{{'", file));
-  const Json j = parse_checked(text, 3, file, "header").value;
+  std::vector<std::string> order;
+  const Json j = parse_checked(text, 3, file, "header", order);
   if (!j.is_object()) throw Error(fmt::format("{}: invalid header: not a JSON object", file));
 
   SafetensorsHeader h;
@@ -381,8 +376,9 @@ std::string encode_structure(const DictStructure& s) {
 }
 
 DictStructure decode_structure(std::string_view json, std::string_view file) {
-  const Json j =
-      parse_checked(json, 4, file, fmt::format("__metadata__ \"{}\"", kStructureMetadataKey)).value;
+  std::vector<std::string> order;
+  const Json j = parse_checked(json, 4, file,
+                               fmt::format("__metadata__ \"{}\"", kStructureMetadataKey), order);
   auto bad = [&](std::string_view why) {
     return Error(
         fmt::format("{}: invalid __metadata__ \"{}\": {}", file, kStructureMetadataKey, why));
@@ -469,8 +465,8 @@ std::string encode_memmap_meta(const MemmapMeta& meta) {
 }
 
 MemmapMeta decode_memmap_meta(std::string_view json, std::string_view file) {
-  const Parsed parsed = parse_checked(json, 3, file, "meta.json");
-  const Json& j = parsed.value;
+  std::vector<std::string> order;
+  const Json j = parse_checked(json, 3, file, "meta.json", order);
   if (!j.is_object()) throw Error(fmt::format("{}: invalid meta.json: not a JSON object", file));
   MemmapMeta m;
   if (const auto s = j.find("shape"); s != j.end()) {
@@ -479,7 +475,7 @@ MemmapMeta decode_memmap_meta(std::string_view json, std::string_view file) {
       throw Error(fmt::format("{}: invalid meta.json: \"shape\" is not a batch size", file));
     m.batch = std::move(*batch);
   }
-  for (const std::string& key : parsed.order) {
+  for (const std::string& key : order) {
     const Json& info = j.at(key);
     if (is_memmap_reserved_key(key) || !info.is_object()) continue;  // the dict's own fields
     auto bad = [&](std::string_view why) {
