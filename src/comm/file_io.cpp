@@ -14,6 +14,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <stdexcept>
 #include <system_error>
@@ -219,9 +220,32 @@ void CollectiveFile::transfer(std::span<const FileRange> ranges, bool write) {
   // Split every range into blocks of at most kRoundBytes and deal them into rounds of at most
   // kRoundBytes each; every rank runs as many collective calls as the rank with most rounds.
   const auto rs = sorted(ranges);
+  // Small ranges back to back in the file go through staging buffers, one block per batch
+  // instead of one per range: MPI-IO's cost grows with the blocks of a datatype (16384 leaves of
+  // 4 KiB took 1.2 s to save at 2 ranks as 8192 blocks per rank).
+  struct Staged {
+    std::vector<std::byte> buf;
+    std::size_t first = 0, last = 0;
+  };
+  std::deque<Staged> staged;
+  std::vector<FileRange> blocks;
+  for_each_batch(rs, [&](std::size_t i, std::size_t j) {
+    if (j == i + 1) {
+      blocks.push_back(rs[i]);
+      return;
+    }
+    Staged& st = staged.emplace_back();
+    st.buf.resize(rs[j - 1].offset + rs[j - 1].size - rs[i].offset);
+    st.first = i;
+    st.last = j;
+    if (write)
+      for (std::size_t k = i; k < j; ++k)
+        std::memcpy(st.buf.data() + (rs[k].offset - rs[i].offset), rs[k].data, rs[k].size);
+    blocks.push_back({rs[i].offset, st.buf.data(), st.buf.size()});
+  });
   std::vector<std::vector<FileRange>> rounds;
   std::uint64_t in_round = kRoundBytes;
-  for (const auto& r : rs) {
+  for (const auto& r : blocks) {
     std::uint64_t done = 0;
     while (done < r.size) {
       if (in_round == kRoundBytes) {
@@ -298,6 +322,10 @@ void CollectiveFile::transfer(std::span<const FileRange> ranges, bool write) {
                                 path_.string(), got, want));
     }
   }
+  if (!write)
+    for (const Staged& st : staged)
+      for (std::size_t k = st.first; k < st.last; ++k)
+        std::memcpy(rs[k].data, st.buf.data() + (rs[k].offset - rs[st.first].offset), rs[k].size);
 }
 
 void CollectiveFile::write(std::span<const FileRange> ranges) { transfer(ranges, true); }
