@@ -239,3 +239,18 @@ TEST_CASE("memmap in parallel: the union, each leaf written once", "[checkpoint]
   td::barrier();
   CHECK(dir.entries() == std::vector<std::string>{"td"});
 }
+
+TEST_CASE("a non-positive timeout on one rank is std::invalid_argument on every rank",
+          "[checkpoint][errors]") {
+  SharedDir dir;
+  td::FileOptions o = group_opts();
+  if (rank() == size() - 1) o.timeout = std::chrono::milliseconds(0);
+  std::string msg;
+  try {
+    (void)td::load_safetensors(dir.path / "absent.safetensors", o);
+  } catch (const std::invalid_argument& e) {
+    msg = e.what();
+  }
+  CHECK_THAT(msg, Contains("timeout must be positive"));
+  CHECK(same_on_every_rank(msg));
+}

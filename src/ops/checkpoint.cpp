@@ -26,6 +26,7 @@
 #include "comm/collective_engine.hpp"
 #include "comm/dict_wire.hpp"
 #include "comm/file_io.hpp"
+#include "comm/validate.hpp"
 #include "tensordict/transport.hpp"
 #include "tensordict/version.hpp"
 
@@ -258,13 +259,6 @@ struct GroupContext {
   std::shared_ptr<detail::GroupState> g;
   Clock::time_point deadline;
 };
-GroupContext group_context(const FileOptions& opts) {
-  const CollectiveOptions c = collective_options(opts);
-  auto g = detail::group_of(c);
-  g->checked_comm("checkpoint");
-  return {std::move(g), detail::deadline_after(detail::timeout_of(c))};
-}
-
 // Agrees on every rank's outcome of a step and throws the agreed error (after `cleanup`).
 void settle(const GroupContext& ctx, const ErrorNote& mine, std::string_view what,
             const std::function<void()>& cleanup = {}) {
@@ -272,6 +266,22 @@ void settle(const GroupContext& ctx, const ErrorNote& mine, std::string_view wha
   if (!agreed) return;
   if (cleanup) cleanup();
   detail::rethrow_note(agreed);
+}
+
+// The group and deadline of a call; a bad timeout on any rank is std::invalid_argument on every
+// rank (agreed under the default timeout).
+GroupContext group_context(const FileOptions& opts, std::string_view what) {
+  const CollectiveOptions c = collective_options(opts);
+  auto g = detail::group_of(c);
+  g->checked_comm(what);
+  const auto timeout = detail::timeout_of(c);
+  const std::string problem = detail::timeout_problem(timeout);
+  GroupContext ctx{std::move(g),
+                   detail::deadline_after(problem.empty() ? timeout : detail::timeout_of({}))};
+  ErrorNote note;
+  if (!problem.empty()) note = {'I', fmt::format("{}: {}", what, problem)};
+  settle(ctx, note, what);
+  return ctx;
 }
 
 // ---- safetensors -------------------------------------------------------------------------------
@@ -503,8 +513,7 @@ void check_memmap(const Manifest& m, std::string_view what) {
   }
 }
 
-std::string meta_json(const Manifest& m, const DictInfo& d,
-                      const std::map<KeyPath, const LeafInfo*>& leaves) {
+std::string meta_json(const DictInfo& d, const std::map<KeyPath, const LeafInfo*>& leaves) {
   detail::MemmapMeta meta;
   meta.batch = d.batch;
   for (const auto& [n, is_dict] : d.entries) {
@@ -518,7 +527,6 @@ std::string meta_json(const Manifest& m, const DictInfo& d,
     }
     meta.entries.push_back(std::move(e));
   }
-  (void)m;
   return detail::encode_memmap_meta(meta);
 }
 
@@ -549,7 +557,7 @@ void write_memmap_meta(const Manifest& m, const fs::path& root) {
   for (const auto& l : m.leaves) leaves.emplace(l.key, &l);
   for (auto it = m.dicts.rbegin(); it != m.dicts.rend(); ++it) {
     const fs::path dir = memmap_path(root, it->key, false);
-    detail::write_small_file(dir / "meta.json", meta_json(m, *it, leaves));
+    detail::write_small_file(dir / "meta.json", meta_json(*it, leaves));
     detail::sync_directory(dir);
   }
 }
@@ -687,7 +695,7 @@ void save_safetensors(const TensorDict& dict, const fs::path& file, const FileOp
     return;
   }
 
-  const GroupContext ctx = group_context(opts);
+  const GroupContext ctx = group_context(opts, what);
   const int rank = ctx.g->rank;
   auto cleanup = [&] {
     if (rank == 0) detail::remove_quietly(tmp);
@@ -739,8 +747,8 @@ TensorDict load_safetensors_impl(const fs::path& file, const TensorDict* like,
     f.read(l.ranges);
     return std::move(l.dict);
   }
-  const GroupContext ctx = group_context(opts);
   const std::string what = what_of("load_safetensors", file);
+  const GroupContext ctx = group_context(opts, what);
   settle(ctx, detail::capture_error([&] {
            if (!fs::is_regular_file(file)) throw Error(fmt::format("{}: no such file", name));
          }),
@@ -810,7 +818,7 @@ void save_memmap(const TensorDict& dict, const fs::path& dir, const FileOptions&
     }
     return;
   }
-  const GroupContext ctx = group_context(opts);
+  const GroupContext ctx = group_context(opts, what);
   const int rank = ctx.g->rank;
   auto cleanup = [&] {
     if (rank == 0) detail::remove_quietly(tmp);
@@ -832,9 +840,10 @@ void save_memmap(const TensorDict& dict, const fs::path& dir, const FileOptions&
 
 TensorDict load_memmap(const fs::path& dir, const FileOptions& opts) {
   if (!opts.group) return read_memmap(dir);
-  const GroupContext ctx = group_context(opts);
+  const std::string what = what_of("load_memmap", dir);
+  const GroupContext ctx = group_context(opts, what);
   TensorDict out;
-  settle(ctx, detail::capture_error([&] { out = read_memmap(dir); }), what_of("load_memmap", dir));
+  settle(ctx, detail::capture_error([&] { out = read_memmap(dir); }), what);
   return out;
 }
 
