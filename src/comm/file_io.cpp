@@ -3,6 +3,7 @@
 #include "comm/file_io.hpp"
 
 #include "comm/collective_engine.hpp"
+#include "comm/executor.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -265,14 +266,13 @@ void CollectiveFile::transfer(std::span<const FileRange> ranges, bool write) {
     }
   }
   auto count = std::make_shared<std::uint64_t>(rounds.size());
-  MPI_Request req = MPI_REQUEST_NULL;
-  TD_MPI_CHECK(
-      MPI_Iallreduce(MPI_IN_PLACE, count.get(), 1, MPI_UINT64_T, MPI_MAX, group_->comm, &req));
   const std::function<std::string()> describe = [&] {
     return fmt::format("collective {} of {} on a group of {}", write ? "write" : "read",
                        path_.string(), group_->size);
   };
-  wait_until(req, deadline_, describe, count);
+  Step step(deadline_, describe, count, "checkpoint file transfer");
+  step.post(allreduce_call(MPI_IN_PLACE, count.get(), 1, MPI_UINT64_T, MPI_MAX, group_->comm));
+  step.wait();
 
   BlockingPhase phase(deadline_, describe);
   for (std::uint64_t k = 0; k < *count; ++k) {
@@ -394,29 +394,35 @@ ErrorNote agree_outcome(GroupState& g, const ErrorNote& mine, Clock::time_point 
     if (!mine || mine.kind == 'L') return mine;
     return {mine.kind, fmt::format("rank 0: {}", mine.what)};
   }
-  // The lowest failed rank, in one MIN (size: no rank failed).
-  auto lowest = std::make_shared<int>(mine ? g.rank : g.size);
-  MPI_Request req = MPI_REQUEST_NULL;
+  // The lowest failed rank, in one MIN (size: no rank failed), then that rank's note to every
+  // rank: its length, then its text. Steps of the executor, polled against the deadline.
+  struct Hold {
+    int lowest = 0;
+    int len = 0;
+    std::string text;
+  };
+  auto hold = std::make_shared<Hold>();
+  hold->lowest = mine ? g.rank : g.size;
   const std::function<std::string()> describe = [&] {
     return fmt::format("{}: not every rank of the group of {} reached the same step", what, g.size);
   };
-  TD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, lowest.get(), 1, MPI_INT, MPI_MIN, g.comm, &req));
-  wait_until(req, deadline, describe, lowest);
-  if (*lowest == g.size) return {};
-  // That rank's note, to every rank: its length, then its text.
-  auto text = std::make_shared<std::string>(
-      g.rank == *lowest ? std::string(1, mine.kind) + mine.what : std::string());
-  auto len = std::make_shared<int>(static_cast<int>(text->size()));
-  TD_MPI_CHECK(MPI_Ibcast(len.get(), 1, MPI_INT, *lowest, g.comm, &req));
-  wait_until(req, deadline, describe, len);
-  text->resize(static_cast<std::size_t>(*len));
-  TD_MPI_CHECK(MPI_Ibcast(text->data(), *len, MPI_CHAR, *lowest, g.comm, &req));
-  wait_until(req, deadline, describe, text);
-  if (text->empty()) return {'E', fmt::format("{}: rank {} failed", what, *lowest)};
-  const std::string_view msg = std::string_view(*text).substr(1);
+  Step step(deadline, describe, hold, what);
+  step.post(allreduce_call(MPI_IN_PLACE, &hold->lowest, 1, MPI_INT, MPI_MIN, g.comm));
+  step.wait();
+  if (hold->lowest == g.size) return {};
+  if (g.rank == hold->lowest) hold->text = std::string(1, mine.kind) + mine.what;
+  hold->len = static_cast<int>(hold->text.size());
+  step.post(bcast_call(&hold->len, 1, MPI_INT, hold->lowest, g.comm));
+  step.wait();
+  hold->text.resize(static_cast<std::size_t>(hold->len));
+  step.post(bcast_call(hold->text.data(), hold->len, MPI_CHAR, hold->lowest, g.comm));
+  step.wait();
+  const std::string& text = hold->text;
+  if (text.empty()) return {'E', fmt::format("{}: rank {} failed", what, hold->lowest)};
+  const std::string_view msg = std::string_view(text).substr(1);
   // Errors that name a disagreement are already the same text on every rank.
-  return {(*text)[0],
-          (*text)[0] == 'L' ? std::string(msg) : fmt::format("rank {}: {}", *lowest, msg)};
+  return {text[0],
+          text[0] == 'L' ? std::string(msg) : fmt::format("rank {}: {}", hold->lowest, msg)};
 }
 
 // ---- atomic replace ----------------------------------------------------------------------------
