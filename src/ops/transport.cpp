@@ -87,6 +87,11 @@ struct Hold {
   std::deque<std::vector<std::byte>> bytes;  // a deque: references stay valid as it grows
   std::deque<std::vector<int>> ints;
   std::vector<std::uint64_t> words;
+
+  // A sender's leaves, which its in-place messages read: held like every other buffer.
+  void keep(const Outgoing& o) {
+    tensors.insert(tensors.end(), o.tensors.begin(), o.tensors.end());
+  }
 };
 
 // Stream `dtype` of `o` as one contiguous buffer: the leaves' own storage when they lie back to
@@ -367,7 +372,7 @@ std::vector<TensorDict> gather_dicts_impl(const TensorDict& value, bool all, int
 
   // This rank's streams (one message each: a v-collective takes one buffer per rank) and the
   // guard of its messages, before its size record goes out.
-  hold->tensors.insert(hold->tensors.end(), out->tensors.begin(), out->tensors.end());
+  hold->keep(*out);
   StreamMessages mine;
   for (std::size_t k = 0; k < kNumDTypes; ++k)
     if (out->sizes[1 + k] > 0) mine[k].emplace_back(stream_data(*out, k, *hold), out->sizes[1 + k]);
@@ -549,8 +554,7 @@ TensorDict broadcast_dict(const TensorDict& value, int src, const CollectiveOpti
   hold->words.assign(kSizeWords + 1, 0);
   if (is_src) {
     const std::uint64_t mask = segment_mask(*out);
-    // The leaves' own memory is sent in place: held like every buffer a request touches.
-    hold->tensors.insert(hold->tensors.end(), out->tensors.begin(), out->tensors.end());
+    hold->keep(*out);
     msgs = messages_out(*out, mask, *hold);
     out->sizes[kGuardWord] = guard_of(out->meta, msgs);
     std::copy(out->sizes.begin(), out->sizes.end(), hold->words.begin());
@@ -770,7 +774,7 @@ void send_dict(const TensorDict& value, int dst, const CollectiveOptions& opts) 
   std::optional<Outgoing> out;
   if (err.empty()) out = try_outgoing(value, "value", err);
   auto hold = std::make_shared<Hold>();
-  if (out) hold->tensors = out->tensors;  // sent in place: held like every buffer MPI reads
+  if (out) hold->keep(*out);
   const std::function<std::string()> describe = [&] {
     return fmt::format("{} to rank {} in a group of {} ranks", what, dst, p.g->size);
   };
