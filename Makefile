@@ -73,25 +73,20 @@ test-cluster: deps build
 	TD_CLUSTER_TESTS=1 scripts/td-cluster guard -- \
 	  sh -c 'cd $(BUILD_DIR) && $(CTEST) --output-on-failure -L cluster --timeout 600'
 
-# bench_allreduce at 2 ranks on 2 hosts of the namespace cluster, re-tuning the auto bucket size
-# in a fresh cache directory: $(BUILD_DIR)/bench/allreduce-cluster.csv. Then bench_backward (the
-# Reducer, uncompressed and BF16) at 4 ranks on 2 hosts whose links are limited to
-# BENCH_CLUSTER_RATE by tc (an unlimited veth link is a memory copy, not a network).
-BENCH_CLUSTER_ARGS ?= --workloads tiny,small,large
-BENCH_CLUSTER_RATE ?= 1gbit
+# The node-aware benchmark across hosts (scripts/td-bench-cluster, docs/cluster.md): 2 and 3 hosts
+# of the namespace cluster x 1, 2, 4 ranks per host, every link limited to BENCH_CLUSTER_RATE by
+# tc, shared memory within a host (btl self,vader,tcp); bench_allreduce (transformer, large) and
+# the Reducer (bench_backward, at 2 hosts x 2 ranks), flat (TD_HIERARCHICAL=0) and node-aware
+# (=1) launched alternately in the same run, then one table with the bound 2(H-1)/H x bytes /
+# link rate: $(BUILD_DIR)/bench/cluster/summary.txt. Takes 15-30 minutes on 2 cores.
+BENCH_CLUSTER_RATE  ?= 1gbit
+BENCH_CLUSTER_HOSTS ?= 2 3
+BENCH_CLUSTER_PER_HOST ?= 1 2 4
+BENCH_CLUSTER_ROUNDS ?= 5
 bench-cluster: deps configure
 	$(CMAKE) --build $(BUILD_DIR) -j$(JOBS) --target bench_allreduce bench_backward
-	mkdir -p $(BUILD_DIR)/bench
-	rm -rf $(BUILD_DIR)/bench/cluster-cache
-	TD_CACHE_DIR=$(abspath $(BUILD_DIR))/bench/cluster-cache scripts/td-cluster with 2 -- \
-	  scripts/td-cluster run -- $(MPIRUN) -np 2 --host td-h1:1,td-h2:1 --mca pml ob1 --mca btl self,tcp \
-	  $(abspath $(BUILD_DIR))/bin/bench_allreduce $(BENCH_CLUSTER_ARGS) --no-plot \
-	  --csv $(abspath $(BUILD_DIR))/bench/allreduce-cluster.csv
-	TD_CACHE_DIR=$(abspath $(BUILD_DIR))/bench/cluster-cache scripts/td-cluster with 2 -- sh -c '\
-	  for h in h1 h2; do scripts/td-cluster exec $$h -- tc qdisc add dev eth0 root tbf \
-	    rate $(BENCH_CLUSTER_RATE) burst 1mb latency 200ms || exit 1; done; \
-	  scripts/td-cluster run -- $(MPIRUN) -np 4 --oversubscribe --host td-h1:2,td-h2:2 \
-	    --mca pml ob1 --mca btl self,tcp $(abspath $(BUILD_DIR))/bin/bench_backward --rounds 5'
+	scripts/td-bench-cluster -b $(BUILD_DIR) -H "$(BENCH_CLUSTER_HOSTS)" \
+	  -P "$(BENCH_CLUSTER_PER_HOST)" -r $(BENCH_CLUSTER_RATE) -n $(BENCH_CLUSTER_ROUNDS)
 
 # Extra mpirun options for `make bench`. Empty by default: the figures a program launched with a
 # plain `mpirun -np 2 ./app` gets (the library's storage pool puts tensors on huge pages by
@@ -158,11 +153,18 @@ test-asan: deps
 	$(CMAKE) --build $(BUILD_DIR)-asan -j$(JOBS)
 	cd $(BUILD_DIR)-asan && $(CTEST) --output-on-failure -j2 --timeout 600 -L 'serial|mpi' -LE fault
 
+# ThreadSanitizer slows the MPI tests 5-15x: each test gets 300 s instead of 120. Left out of it:
+# the tests that measure this machine or give the library short timeouts (the autotune tests and
+# tool, the 3-rank checkpoint test's 60 s MPI-IO timeout), which failed or timed out under TSan
+# even on a quiet machine (2026-12-02) and run in `make test` and `make test-asan`. (Runs of 4
+# ranks only are not registered in the TSan tree at all: cmake/TensorDictTesting.cmake.)
+TSAN_EXCLUDE := ^test_mpi_autotune|^autotune\.tool$$|^test_mpi_checkpoint\.3ranks$$
 test-tsan: deps
-	$(CMAKE) -S . -B $(BUILD_DIR)-tsan $(SAN_FLAGS) -DTD_SANITIZE=thread \
+	$(CMAKE) -S . -B $(BUILD_DIR)-tsan $(SAN_FLAGS) -DTD_SANITIZE=thread -DTD_TEST_TIMEOUT=300 \
 	  -DTD_BUILD_BENCHMARKS=OFF -DTD_BUILD_EXAMPLES=OFF -DTD_WARNINGS_AS_ERRORS=$(WERROR)
 	$(CMAKE) --build $(BUILD_DIR)-tsan -j$(JOBS)
-	cd $(BUILD_DIR)-tsan && $(CTEST) --output-on-failure -j2 --timeout 600 -L 'serial|mpi' -LE fault
+	cd $(BUILD_DIR)-tsan && $(CTEST) --output-on-failure -j2 --timeout 600 -L 'serial|mpi' -LE fault \
+	  -E '$(TSAN_EXCLUDE)'
 
 format:
 	$(if $(CXX_FILES),$(CLANG_FORMAT) -i $(CXX_FILES),@echo "format: no C++ files")

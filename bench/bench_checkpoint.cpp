@@ -2,9 +2,11 @@
 //   large: the transformer workload's 73 float32 leaves with their first dimension scaled so the
 //          dict holds about --large-bytes (1 GiB by default);
 //   small: --small-leaves leaves of --small-bytes each (16384 x 4 KiB by default);
-// each saved with td::save_safetensors and loaded with td::load_safetensors, against a raw
-// sequential write() + fsync() of the same number of bytes from one buffer, and read() of them
-// into a freshly allocated one (what a program with no format and no library would do at best). At
+// each saved with td::save_safetensors and loaded with td::load_safetensors (the large one also
+// with td::save_memmap / td::load_memmap), against a raw sequential write() + fsync() of the same
+// number of bytes from one buffer, and read() of them into a freshly allocated one (what a program
+// with no format and no library would do at best), and into a fresh td::Tensor's storage (which
+// shows what the allocation's first touch costs). At
 // 1 rank the library runs its serial path (POSIX); at N ranks every rank holds the same dict (a
 // replicated model) and the save and load are collective over the world group (MPI-IO), each rank
 // writing 1/N of the bytes; the raw baselines run on rank 0 alone while the others wait. Figures:
@@ -86,14 +88,12 @@ double raw_write(const fs::path& p, const std::vector<char>& buf) {
   }
   return secs_since(t0);
 }
-// Into a fresh buffer each time, as a load must allocate its tensors (both pay the page faults).
-double raw_read(const fs::path& p, std::size_t bytes) {
-  const auto t0 = Clock::now();
-  const std::unique_ptr<char[]> buf(new char[bytes]);  // NOLINT(modernize-avoid-c-arrays)
+// read() of the file's first `bytes` bytes into `buf`.
+void read_into(const fs::path& p, char* buf, std::size_t bytes) {
   const int fd = ::open(p.c_str(), O_RDONLY);
   std::size_t done = 0;
   while (fd >= 0 && done < bytes) {
-    const ssize_t r = ::read(fd, buf.get() + done, std::min<std::size_t>(bytes - done, 1 << 30));
+    const ssize_t r = ::read(fd, buf + done, std::min<std::size_t>(bytes - done, 1 << 30));
     if (r <= 0) break;
     done += static_cast<std::size_t>(r);
   }
@@ -101,6 +101,21 @@ double raw_read(const fs::path& p, std::size_t bytes) {
     std::fprintf(stderr, "bench_checkpoint: raw read of %s failed\n", p.c_str());
     std::exit(1);
   }
+}
+// Into a fresh buffer each time, as a load must allocate its tensors (both pay the page faults).
+double raw_read(const fs::path& p, std::size_t bytes) {
+  const auto t0 = Clock::now();
+  const std::unique_ptr<char[]> buf(new char[bytes]);  // NOLINT(modernize-avoid-c-arrays)
+  read_into(p, buf.get(), bytes);
+  return secs_since(t0);
+}
+// The same read into the storage of a fresh td::Tensor (the library's allocator: transparent huge
+// pages for large storages unless TD_HUGEPAGES=0), as load_safetensors allocates its storage:
+// the difference to raw_read is the allocation's first touch alone.
+double raw_read_tensor(const fs::path& p, std::size_t bytes) {
+  const auto t0 = Clock::now();
+  td::Tensor t = td::Tensor::empty({static_cast<std::int64_t>(bytes)}, td::DType::UInt8);
+  read_into(p, static_cast<char*>(t.raw_data()), bytes);
   return secs_since(t0);
 }
 
@@ -164,10 +179,25 @@ int main(int argc, char** argv) {
     td::save_safetensors(c.dict, st, opts);
     ok = ok && td::load_safetensors(st, opts).equal(c.dict);
     const std::size_t base = rows.size();
+    // The memmap directory of the large dict too (one file per leaf; 16384 files of the small
+    // dict would time 16384 fsyncs).
+    const bool memmap = c.name == "large";
+    const fs::path mm = dir / (c.name + "_td");
+    if (memmap) {
+      td::save_memmap(c.dict, mm, opts);
+      ok = ok && td::load_memmap(mm, opts).equal(c.dict);
+    }
     rows.push_back({c.name + ": raw write() + fsync()", bytes, {}, -1});
     rows.push_back({c.name + ": save_safetensors", bytes, {}, static_cast<int>(base)});
     rows.push_back({c.name + ": raw read()", bytes, {}, -1});
+    rows.push_back(
+        {c.name + ": raw read() into a td::Tensor", bytes, {}, static_cast<int>(base + 2)});
     rows.push_back({c.name + ": load_safetensors", bytes, {}, static_cast<int>(base + 2)});
+    if (memmap) {
+      rows.push_back({c.name + ": save_memmap", bytes, {}, static_cast<int>(base)});
+      rows.push_back({c.name + ": load_memmap", bytes, {}, static_cast<int>(base + 2)});
+    }
+    // Alternating within each round: baseline, library call, baseline, library call.
     for (int r = 0; r < rounds; ++r) {
       double t = 0;
       if (rank == 0) t = raw_write(raw, buf);
@@ -178,8 +208,17 @@ int main(int argc, char** argv) {
       if (rank == 0) t = raw_read(raw, buf.size());
       td::barrier();
       rows[base + 2].times.push_back(t);
-      rows[base + 3].times.push_back(
+      if (rank == 0) t = raw_read_tensor(raw, buf.size());
+      td::barrier();
+      rows[base + 3].times.push_back(t);
+      rows[base + 4].times.push_back(
           td_bench::timed_max_over_ranks([&] { (void)td::load_safetensors(st, opts); }));
+      if (memmap) {
+        rows[base + 5].times.push_back(
+            td_bench::timed_max_over_ranks([&] { td::save_memmap(c.dict, mm, opts); }));
+        rows[base + 6].times.push_back(
+            td_bench::timed_max_over_ranks([&] { (void)td::load_memmap(mm, opts); }));
+      }
       if (rank == 0)
         std::fprintf(stderr, "\r[bench_checkpoint] %s: round %d/%d", c.name.c_str(), r + 1, rounds);
     }

@@ -17,18 +17,14 @@
 
 #include <tensordict/tensordict.hpp>
 
+#include "support/groups.hpp"
+
 using td::DType;
 using td::ReduceOp;
 using td::Tensor;
 using td::TensorDict;
 
 namespace {
-
-td::ProcessGroup fresh_group() {
-  std::vector<int> all;
-  for (int r = 0; r < td::get_world_size(); ++r) all.push_back(r);
-  return td::new_group(all);
-}
 
 // 64 leaves of 4 KiB: 256 KiB, above the smallest candidate cap (16 KiB).
 TensorDict grads(float value) {

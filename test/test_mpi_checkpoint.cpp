@@ -254,3 +254,127 @@ TEST_CASE("a non-positive timeout on one rank is std::invalid_argument on every 
   CHECK_THAT(msg, Contains("timeout must be positive"));
   CHECK(same_on_every_rank(msg));
 }
+
+TEST_CASE("tensors every rank loads are read once and broadcast; the others by their rank",
+          "[checkpoint][safetensors]") {
+  SharedDir dir;
+  const fs::path f = dir.path / "mixed.safetensors";
+  TensorDict d = union_of_shards();
+  d.update(model());
+  if (rank() == 0) td::save_safetensors(d, f);
+  td::barrier();
+  // Every rank: the whole model (split between the readers at odd bytes) and its own expert.
+  TensorDict like = model();
+  like.set(Key({"experts", fmt::format("e{}", rank()), "w"}), Tensor::zeros({5}, DType::Int32));
+  const TensorDict got = td::load_safetensors(f, like, group_opts());
+  CHECK(got.keys(true, true).size() == like.keys(true, true).size());
+  CHECK(got.get(Key({"experts", fmt::format("e{}", rank()), "w"})).equal(shard_values(rank())));
+  CHECK(got.exclude({Key("experts")}).equal(model()));
+  CHECK(td::load_safetensors(f, group_opts()).equal(d));
+}
+
+TEST_CASE("every rank of a group must name the same file", "[checkpoint][errors]") {
+  if (size() < 2) return;
+  SharedDir dir;
+  const fs::path mine = dir.path / fmt::format("rank{}.safetensors", rank());
+  std::string msg;
+  try {
+    td::save_safetensors(model(), mine, group_opts());
+  } catch (const td::Error& e) {
+    msg = e.what();
+  }
+  CHECK_THAT(msg, Contains("rank 1:") && Contains("rank1.safetensors") &&
+                      Contains("rank0.safetensors") && Contains("the same path"));
+  CHECK(same_on_every_rank(msg));
+  td::barrier();
+  CHECK(dir.entries().empty());  // nothing written, no temporary file left
+  std::string load_msg;
+  try {
+    (void)td::load_safetensors(mine, group_opts());
+  } catch (const td::Error& e) {
+    load_msg = e.what();
+  }
+  CHECK_THAT(load_msg, Contains("the same path"));
+  CHECK(same_on_every_rank(load_msg));
+}
+
+namespace {
+// Runs f with the working directory `d` on this rank, restored afterwards.
+template <class F>
+void in_directory(const fs::path& d, F&& f) {
+  const fs::path before = fs::current_path();
+  fs::current_path(d);
+  try {
+    f();
+  } catch (...) {
+    fs::current_path(before);
+    throw;
+  }
+  fs::current_path(before);
+}
+}  // namespace
+
+TEST_CASE("a file that opens on rank 0 but not on another rank is the same error everywhere",
+          "[checkpoint][errors]") {
+  // The same relative path names a directory that exists under rank 0's working directory and
+  // not under the others'. MPI_File_open (Open MPI's ompio) hung every rank when the open
+  // failed on a rank other than 0; the group checks that it can open the file first.
+  if (size() < 2) return;
+  SharedDir dir;
+  if (rank() == 0) {
+    fs::create_directories(dir.path / "a" / "sub");
+    fs::create_directories(dir.path / "b");
+  }
+  td::barrier();
+  const fs::path cwd = dir.path / (rank() == 0 ? "a" : "b");
+  const fs::path rel = fs::path("sub") / "ckpt.safetensors";
+  std::string save_msg, load_msg, memmap_msg;
+  in_directory(cwd, [&] {
+    try {
+      td::save_safetensors(model(), rel, group_opts());
+    } catch (const td::Error& e) {
+      save_msg = e.what();
+    }
+    if (rank() == 0) td::save_safetensors(model(), rel);
+    td::barrier();
+    try {
+      (void)td::load_safetensors(rel, group_opts());
+    } catch (const td::Error& e) {
+      load_msg = e.what();
+    }
+    try {
+      td::save_memmap(model(), fs::path("sub") / "td", group_opts());
+    } catch (const td::Error& e) {
+      memmap_msg = e.what();
+    }
+  });
+  CHECK_THAT(save_msg, Contains("rank 1:") && Contains("ckpt.safetensors") &&
+                           Contains("No such file or directory"));
+  CHECK(same_on_every_rank(save_msg));
+  CHECK_THAT(load_msg, Contains("rank 1:") && Contains("ckpt.safetensors"));
+  CHECK(same_on_every_rank(load_msg));
+  CHECK_THAT(memmap_msg, Contains("rank 1:") && Contains("No such file or directory"));
+  CHECK(same_on_every_rank(memmap_msg));
+  td::barrier();
+  // Only the serial save's file is left in rank 0's directory: no temporary copies.
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir.path / "a" / "sub"))
+    left.push_back(e.path().filename().string());
+  CHECK(left == std::vector<std::string>{"ckpt.safetensors"});
+}
+
+TEST_CASE("memmap in parallel: a large replicated leaf is written by its holders together",
+          "[checkpoint][memmap]") {
+  SharedDir dir;
+  const fs::path root = dir.path / "big";
+  TensorDict d = model();
+  std::vector<float> big((std::size_t{5} << 20) / 4 + 3);  // above the collective threshold
+  for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i % 4099);
+  d.set(Key({"layer1", "weight"}),
+        Tensor::from_vector<float>(big, {static_cast<int64_t>(big.size())}));
+  td::save_memmap(d, root, group_opts());
+  CHECK(fs::file_size(root / "layer1" / "weight.memmap") == big.size() * 4);
+  CHECK(td::load_memmap(root).equal(d));
+  td::barrier();
+  CHECK(dir.entries() == std::vector<std::string>{"big"});
+}

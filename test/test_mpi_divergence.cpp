@@ -1350,8 +1350,9 @@ TEST_CASE("a TD_* setting that differs between ranks: the correct result or the 
     return;
   }
   // Which settings differ, from every rank's environment.
-  const std::vector<std::string> names = {"TD_SYNC_PIPELINE", "TD_CHECK_LAYOUT", "TD_BUCKET_BYTES",
-                                          "TD_PROGRESS_THREAD", "TD_TIMEOUT_MS"};
+  const std::vector<std::string> names = {"TD_SYNC_PIPELINE", "TD_CHECK_LAYOUT",
+                                          "TD_BUCKET_BYTES",  "TD_PROGRESS_THREAD",
+                                          "TD_TIMEOUT_MS",    "TD_HIERARCHICAL"};
   constexpr int kLen = 32;
   std::vector<char> mine(names.size() * kLen, '\0');
   for (std::size_t i = 0; i < names.size(); ++i) {

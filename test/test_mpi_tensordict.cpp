@@ -5,6 +5,7 @@
 #include <random>
 #include <thread>
 
+#include <tensordict/diagnostics.hpp>
 #include <tensordict/tensordict.hpp>
 
 #include "support/reference.hpp"
@@ -446,8 +447,9 @@ TEST_CASE("the layout cache notices a leaf moved out of, or given new storage of
   }
 }
 
-// A dict skips comparing its leaves when no leaf object changed since the last call (its leaf
-// stamp): every way of changing a leaf object must count, however the new layout was made.
+// A dict skips re-analysing its leaves when no leaf object changed since the last call (its
+// leaves' storage versions, else their layout ids): every way of changing a leaf object must
+// count, however the new layout was made.
 // Each step changes leaves without touching the dict's structure, then checks that the next
 // bucketed all_reduce reduced the new leaves, at their new addresses, and nothing else.
 TEST_CASE("the layout cache notices every way of changing a leaf object", "[tensordict][cache]") {
@@ -456,7 +458,8 @@ TEST_CASE("the layout cache notices every way of changing a leaf object", "[tens
   TensorDict d;
   for (int i = 0; i < 6; ++i) d.set(fmt::format("p{}", i), Tensor::full<float>({4}, 1.f));
   d.set({"sub", "q"}, Tensor::full<float>({4}, 1.f));
-  // Made before the first call, so no layout id is issued after it: only the leaf stamp can tell.
+  // Made before the first call, so no layout id is issued after it: only the storage versions
+  // (or the leaves' layout ids) can tell.
   const Tensor early_copy = Tensor::full<float>({5}, 2.f);
   Tensor early_move = Tensor::full<float>({3}, 3.f);
   d.all_reduce(ReduceOp::SUM, opts);

@@ -3,7 +3,7 @@
 
 #include <random>
 
-#include <tensordict/tensordict.hpp>
+#include <tensordict/diagnostics.hpp>
 
 using td::BucketPlan;
 using td::DType;

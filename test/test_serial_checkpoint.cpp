@@ -12,7 +12,7 @@
 //     (_encode_key_for_filesystem)  at a1a061e3dd4b4c892925525a726a72c9eef9a0cc
 //     (test/data/tensordict_mmap_example is its test/artifacts/mmap_example, written by
 //     TensorDict.memmap)
-// The format code is internal, so this test compiles checkpoint_format.cpp itself.
+// The format code is internal: this test links its objects (td_formats, CMakeLists.txt).
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
@@ -26,7 +26,7 @@
 #include <nlohmann/json.hpp>
 #include <tensordict/tensordict.hpp>
 
-#include "../src/comm/checkpoint_format.cpp"  // NOLINT(bugprone-suspicious-include): see above
+#include "comm/checkpoint_format.hpp"
 
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;

@@ -1,7 +1,7 @@
 // The transport metadata (src/comm/dict_wire.*) without MPI: encode / decode round trips, the
 // streams a dict packs into and is rebuilt from, and the decoder's rejection of truncated,
-// corrupted and hostile input. The library keeps these functions internal, so this test compiles
-// dict_wire.cpp itself (it only uses the public core API).
+// corrupted and hostile input. The library keeps these functions internal: this test links their
+// objects (td_formats, CMakeLists.txt).
 #include <catch2/catch.hpp>
 
 #include <cstdint>
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "../src/comm/dict_wire.cpp"  // NOLINT(bugprone-suspicious-include): see above
+#include "comm/dict_wire.hpp"
 
 using td::DType;
 using td::Key;

@@ -18,7 +18,8 @@
 
 #include <fmt/format.h>
 
-#include "core/storage_pool.hpp"
+#include <tensordict/diagnostics.hpp>
+
 #include "guard.hpp"
 #include "support/reference.hpp"
 
@@ -291,7 +292,7 @@ WorkloadResult run_workload(const Workload& w, const Context& ctx, const Options
   }
   const std::size_t nv = vs.size();
   {
-    const td::detail::StoragePoolStats ps = td::detail::storage_pool_stats();
+    const td::StoragePoolStats ps = td::storage_pool_stats();
     res.storage_bytes = ps.pooled_requested + ps.large_requested + ps.heap_requested;
     const std::size_t in_use = ps.touched > ps.spare ? ps.touched - ps.spare : 0;
     res.pool_extra_bytes = in_use > ps.pooled_requested ? in_use - ps.pooled_requested : 0;

@@ -8,24 +8,15 @@
 #include <optional>
 #include <string_view>
 
+#include "tensordict/bucket_bytes.hpp"
 #include "tensordict/dtype.hpp"
 #include "tensordict/export.hpp"
 #include "tensordict/process_group.hpp"
+#include "tensordict/reduce_op.hpp"
 #include "tensordict/tensor.hpp"
 #include "tensordict/work.hpp"
 
 namespace td {
-
-/// Reduction operations, as torch.distributed.ReduceOp. AVG is SUM followed by a division.
-enum class ReduceOp { SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR, BXOR };
-
-/// "SUM", "PRODUCT", ...
-TD_API std::string_view name(ReduceOp op);
-/// Whether `op` is defined on `dtype` (see docs/collectives.md for the table).
-TD_API bool supports(ReduceOp op, DType dtype);
-
-/// bucket_bytes value that asks for the size tuned on this machine and group.
-inline constexpr std::size_t kAutoBucketBytes = std::numeric_limits<std::size_t>::max();
 
 /// Tags of point-to-point calls (CollectiveOptions::tag) lie in [0, kMaxUserTag).
 inline constexpr int kMaxUserTag = 1 << 14;
@@ -57,6 +48,12 @@ struct CollectiveOptions {
   Compression compression = Compression::None;
 };
 
+namespace detail {
+/// A default-constructed CollectiveOptions: the default argument of the TensorDict collectives,
+/// which tensor_dict.hpp declares without this header (core knows nothing of MPI).
+TD_API const CollectiveOptions& default_collective_options();
+}  // namespace detail
+
 /// Reduces `t` across the group into rank `dst` (in place); other ranks' `t` is unspecified.
 TD_API Work reduce(Tensor& t, int dst, ReduceOp op = ReduceOp::SUM,
                    const CollectiveOptions& opts = {});
@@ -75,16 +72,5 @@ TD_API Work recv(Tensor& t, int src, const CollectiveOptions& opts = {});
 [[nodiscard]] TD_API Work isend(const Tensor& t, int dst, const CollectiveOptions& opts = {});
 /// recv() with async_op set: returns at once with a pending Work (torch.distributed.irecv).
 [[nodiscard]] TD_API Work irecv(Tensor& t, int src, const CollectiveOptions& opts = {});
-
-/// Diagnostics of the bucketing packer, for benchmarks and tuning.
-struct PackerStats {
-  std::size_t peak_extra_bytes = 0;  ///< largest pack buffer one call held at once
-  std::uint64_t plan_hits = 0;       ///< collectives that reused a cached bucket plan
-  std::uint64_t plan_misses = 0;     ///< collectives that built a plan
-};
-/// The counters since the last reset_packer_stats() (this process only).
-TD_API PackerStats packer_stats();
-/// Zeroes the counters.
-TD_API void reset_packer_stats();
 
 }  // namespace td

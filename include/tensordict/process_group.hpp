@@ -16,7 +16,8 @@ namespace td {
 
 namespace detail {
 struct GroupState;
-}
+struct GroupAccess;
+}  // namespace detail
 
 /// A set of ranks with its own MPI communicator (a duplicate, so our traffic never matches the
 /// caller's). Copies share the communicator; it is freed when the last copy goes, unless MPI has
@@ -38,12 +39,9 @@ class TD_API ProcessGroup {
     return a.state_ == b.state_;
   }
 
-  /// Internal: the shared state (plan cache, tuned bucket size).
-  const std::shared_ptr<detail::GroupState>& state() const;
-  /// Internal: wraps a state.
-  explicit ProcessGroup(std::shared_ptr<detail::GroupState> state);
-
  private:
+  friend struct detail::GroupAccess;  // the library's runtime makes groups and reads their state
+  explicit ProcessGroup(std::shared_ptr<detail::GroupState> state);
   std::shared_ptr<detail::GroupState> state_;
 };
 

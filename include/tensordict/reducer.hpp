@@ -17,7 +17,7 @@
 #include "tensordict/key.hpp"
 #include "tensordict/process_group.hpp"
 #include "tensordict/tensor_dict.hpp"
-#include "tensordict/tensorclass.hpp"
+#include "tensordict/tensorclass_type.hpp"
 
 namespace td {
 
@@ -60,11 +60,12 @@ class TD_API Reducer {
   /// options across the group (a mismatch or bad argument is the same exception on every rank).
   explicit Reducer(TensorDict& grads, ReducerOptions opts = {});
   /// The same for a tensorclass of gradients: its fields become views of the buckets.
-  template <TensorClassType T>
+  /// (`Access` only defers naming tensorclass.hpp's access until a tensorclass is used.)
+  template <TensorClassType T, class Access = detail::TensorClassAccess>
   explicit Reducer(T& grads, ReducerOptions opts = {})
       : Reducer(
             grads.to_tensordict(), [&grads] { return grads.to_tensordict(); }, std::move(opts)) {
-    detail::TensorClassAccess::rebind(grads, owned_dict());
+    Access::rebind(grads, owned_dict());
   }
   /// Waits for buckets still in flight (it does not launch the others).
   ~Reducer();

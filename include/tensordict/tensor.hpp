@@ -161,17 +161,18 @@ class TD_API Tensor {
   DType dtype_ = DType::Float32;
   std::shared_ptr<const detail::SparseParts> sparse_;
   // Names this tensor's layout (every field above): renewed wherever one is set, copied with
-  // the tensor, so two tensors with the same id have the same layout. Lets the collectives see
-  // that a leaf is unchanged since the last call by comparing one number. 0: undefined.
+  // the tensor, so two tensors with the same id have the same layout. Lets a cache see that a
+  // tensor is unchanged by comparing one number. 0: undefined. Changing an existing object's
+  // layout (assignment, being moved from) also counts in its storage's version counter
+  // (detail::Storage::view_changes), so caches over many tensors of few storages compare those.
   std::uint64_t layout_id_ = 0;
-  // Set only on a tensor stored as a leaf of a TensorDict: that dict's count of leaf changes,
-  // bumped whenever this object's layout changes (any assignment to it, being moved from, a
-  // layout id renewed). Lets a dict's collectives see that no leaf changed since the last call
-  // without visiting the leaves. Never copied or moved with the tensor: it names where this
-  // object lives, not what it holds. The counter is atomic: two threads may change two leaves of
-  // one dict. The pointer is atomic too: const calls on a dict (and on its sub-dicts) from
-  // several threads may each set it, to the same counter, while building their canonical order.
-  std::atomic<std::atomic<std::uint64_t>*> leaf_changes_{nullptr};
+  // Set on a tensor object stored as a leaf of a TensorDict (by the dict's canonical order): a
+  // flag, not a pointer. A layout change of a flagged object (assigned, moved from, re-laid out)
+  // counts in the process-wide leaf epoch (detail::TensorAccess::leaf_epoch), so a cache of
+  // leaves sees in one load that no leaf of any dict changed. Never copied or moved with the
+  // tensor: it says where this object lives. Atomic: concurrent const calls on a dict and on
+  // its sub-dict may both set it.
+  std::atomic<bool> is_leaf_{false};
 };
 
 /// Prints like torch: tensor([2, 4, 6]), tensor([1., 1.]), with a dtype= suffix where torch prints

@@ -23,12 +23,10 @@
 #include "tensordict/key.hpp"
 #include "tensordict/tensor.hpp"
 #include "tensordict/tensor_dict.hpp"
+#include "tensordict/tensorclass_type.hpp"
 #include "tensordict/work.hpp"
 
 namespace td {
-
-template <class Derived>
-class TensorClass;
 
 namespace detail {
 
@@ -47,27 +45,6 @@ constexpr TensorClassField<Owner, Member> tensorclass_field(std::string_view nam
                                                             Member Owner::*member) noexcept {
   return {name, member};
 }
-
-struct TensorClassAccess;
-
-}  // namespace detail
-
-/// A struct declared as `struct S : td::TensorClass<S> { ...; TD_TENSORCLASS_FIELDS(S, ...) }`.
-template <class T>
-concept TensorClassType = std::is_class_v<T> && requires {
-  T::td_tensorclass_fields();
-  T::td_tensorclass_name();
-} && std::derived_from<T, TensorClass<T>>;
-
-/// Whether T is a tensorclass (see TensorClassType).
-template <class T>
-inline constexpr bool is_tensorclass_v = TensorClassType<T>;
-
-/// A TensorDict or a tensorclass: what generic code that runs collectives can accept.
-template <class T>
-concept TensorDictLike = std::same_as<T, TensorDict> || TensorClassType<T>;
-
-namespace detail {
 
 // Everything that walks the declared fields. A friend of every TensorClass<>, so that a parent
 // can read and write its nested tensorclasses' batch sizes.

@@ -1,11 +1,12 @@
-// The umbrella header: everything in namespace td.
+// The umbrella header: everything in namespace td but the diagnostics (tensordict/diagnostics.hpp:
+// the bucket plan, the packer's and the storage pool's counters), which are opt-in.
 #pragma once
 
-#include "tensordict/bucket_plan.hpp"
 #include "tensordict/checkpoint.hpp"
 #include "tensordict/collectives.hpp"
 #include "tensordict/dtype.hpp"
 #include "tensordict/errors.hpp"
+#include "tensordict/flight_recorder.hpp"
 #include "tensordict/key.hpp"
 #include "tensordict/process_group.hpp"
 #include "tensordict/reducer.hpp"

@@ -12,7 +12,8 @@ namespace td {
 
 namespace detail {
 class WorkState;
-}
+struct WorkAccess;
+}  // namespace detail
 
 /// Move-only handle of one operation. The operation's buffers and tensors live in it until it
 /// completes; destroying a pending Work waits for it (errors are then printed, not thrown).
@@ -20,8 +21,6 @@ class TD_API Work {
  public:
   /// A completed no-op.
   Work();
-  /// Internal: wraps a pending state.
-  explicit Work(std::shared_ptr<detail::WorkState> state);
   /// Waits for a pending operation (errors are printed, not thrown).
   ~Work();
   /// Takes over other's operation; `other` becomes a completed no-op.
@@ -38,6 +37,8 @@ class TD_API Work {
   bool is_completed();
 
  private:
+  friend struct detail::WorkAccess;  // the library's operations hand out their pending states
+  explicit Work(std::shared_ptr<detail::WorkState> state);
   std::shared_ptr<detail::WorkState> state_;
 };
 

@@ -35,8 +35,9 @@ std::string call_header(const CollectiveCall& call, std::optional<std::size_t> c
   if (compression != Compression::None) h += fmt::format(", compression={}", name(compression));
   h += fmt::format(") in a group of {}", group_size);
   const Config& c = config();
-  h += fmt::format(" with TD_CHECK_LAYOUT={} TD_SYNC_PIPELINE={}", int{c.check_layout},
-                   int{c.sync_pipeline});
+  h += fmt::format(" with TD_CHECK_LAYOUT={} TD_SYNC_PIPELINE={} TD_HIERARCHICAL={}",
+                   int{c.check_layout}, int{c.sync_pipeline},
+                   c.hierarchical == 2 ? std::string("auto") : std::to_string(c.hierarchical));
   return h;
 }
 
@@ -232,6 +233,18 @@ PreparedCollective prepare_collective(std::span<const LeafRef> leaves, const Col
   std::optional<std::size_t> cap = requested_cap(opts, call.from_dict);
   Analysis scratch;
   const Analysis& a = analyse_cached(leaves, cache, scratch);
+  // The call takes its sequence number before the agreement: a rank stuck in it is in the call.
+  const std::string first_key = leaves.empty() ? std::string() : leaves[0].key->str();
+  CallSummary summary;
+  summary.first_key = first_key;
+  summary.leaves = leaves.size();
+  summary.bytes = a.total_bytes;
+  summary.dtype_mask = a.dtype_mask;
+  summary.root = has_root(call.kind) ? call.root : -1;
+  summary.reduce_op = reduces(call.kind) ? static_cast<int>(call.op) : -1;
+  summary.bucket_bytes = cap.value_or(0);
+  summary.async = opts.async_op;
+  CallScope scope(*g, call.name, CallKind::Collective, summary);
   note_error(arg_error, a.arg_error);
   note_error(arg_error, check_ops(leaves, a, call));
   note_error(arg_error, bucket_bytes_problem(cap));
@@ -250,6 +263,7 @@ PreparedCollective prepare_collective(std::span<const LeafRef> leaves, const Col
   // differing argument or setting, the same error on every rank instead of a hang.
   bool spans_everywhere = a.memory->one_span_per_dtype;
   if (g->size > 1) spans_everywhere = agree(*g, call, cap, opts, arg_error, leaves, a, deadline);
+  scope.agreed();
   if (!arg_error.empty()) throw std::invalid_argument(fmt::format("{}: {}", call.name, arg_error));
 
   std::size_t direct_bytes = 0;
@@ -274,8 +288,12 @@ PreparedCollective prepare_collective(std::span<const LeafRef> leaves, const Col
     return fmt::format("{}: {}", call_header(call, cap, opts.async_op, opts.compression, g->size),
                        plan->describe());
   });
-  return {std::move(g), std::move(plan), data_deadline, a.memory,
-          spans_everywhere && cap.has_value()};
+  return {std::move(g),
+          std::move(plan),
+          data_deadline,
+          a.memory,
+          spans_everywhere && cap.has_value(),
+          std::move(scope)};
 }
 
 }  // namespace td::detail

@@ -7,7 +7,7 @@
 // pytorch/tensordict's tensordict/_td.py (_memmap_, _load_memmap), _td_memmap.py
 // (_save_metadata, _update_metadata) and _utils_key_json.py (_encode_key_for_filesystem), read at
 // commit a1a061e3dd4b4c892925525a726a72c9eef9a0cc.
-#include "checkpoint_format.hpp"  // same folder: the serial test and the fuzzer compile this too
+#include "comm/checkpoint_format.hpp"
 
 #include <algorithm>
 #include <array>

@@ -13,9 +13,12 @@
 #include "comm/executor.hpp"
 #include "comm/validate.hpp"
 #include "core/dict_internal.hpp"
+#include "runtime/flight_recorder.hpp"
 #include "runtime/runtime.hpp"
 
 namespace td::detail {
+
+struct LayoutCache;  // engine_internal.hpp: what a dict remembers of its last analysis
 
 /// Which collective runs.
 enum class CollectiveKind : std::uint8_t {
@@ -26,6 +29,7 @@ enum class CollectiveKind : std::uint8_t {
   Gather,
   Scatter,
   ReduceScatter,
+  Barrier,
 };
 
 /// Whether the collective combines values with a ReduceOp.
@@ -88,6 +92,8 @@ struct PreparedCollective {
   // Every rank's leaves are one span per dtype (LeafMemory::spans) and the call is bucketed:
   // the sync path may run each span as a whole, whatever the buckets.
   bool spans_everywhere = false;
+  // The call in the flight recorder (its sequence number): held until the caller returns.
+  CallScope scope;
 };
 
 /// The bucket cap a call asks for: opts.bucket_bytes, else TD_BUCKET_BYTES, for a TensorDict

@@ -1,5 +1,5 @@
 // The metadata encoder and its validating decoder (see dict_wire.hpp and docs/transport.md).
-#include "dict_wire.hpp"  // same folder: the serial test and the fuzzer compile this file too
+#include "comm/dict_wire.hpp"
 
 #include <algorithm>
 #include <bit>

@@ -36,6 +36,7 @@ inline void note_error(std::string& err, std::string msg) {
 struct Analysis {
   std::uint32_t dtype_mask = 0;  // bit d set when some leaf has dtype d
   bool any_sparse = false;
+  std::uint64_t total_bytes = 0;  // of every leaf's elements (the flight recorder's summary)
   std::vector<LeafLayout> layout;
   std::string arg_error;          // first bad argument found on this rank ("" if none)
   std::uint64_t layout_hash = 0;  // keys + layouts: the plan cache key
@@ -46,17 +47,16 @@ struct Analysis {
 };
 
 // What a dict remembers of its last collective's analysis: valid while its canonical order is
-// unchanged and every leaf still has the same storage, offset, dtype, shape and strides.
+// unchanged and every leaf still has the same storage, offset, dtype, shape and strides. Kept
+// with the dict as its DictAccess::attachment.
 struct LayoutCache {
-  std::uint64_t generation = 0;           // of the dict's canonical order the snapshots follow
-  std::uint64_t generation_now = 0;       // set by the caller: the order's generation for this call
-  std::uint64_t stamp = 0;                // the dict's leaf stamp when the ids were last compared
-  std::uint64_t stamp_now = 0;            // set by the caller: DictAccess::leaf_stamp for this call
-  std::vector<std::uint64_t> layout_ids;  // of every leaf when `analysis` was made
+  std::uint64_t generation = 0;      // of the dict's canonical order the snapshots follow
+  std::uint64_t generation_now = 0;  // set by the caller: the order's generation for this call
+  LeafVersions versions;             // of every leaf when `analysis` was made
   Analysis analysis;
 };
 
-/// The dict's layout cache, told the order generation and leaf stamp of this call (after
+/// The dict's layout cache, told the order generation of this call (after
 /// DictAccess::canonical(d)).
 LayoutCache& layout_cache_for_call(const TensorDict& d);
 
@@ -128,6 +128,11 @@ struct InPlaceBucket {
   /// Posts (reqs) or runs (reqs null) the bucket's messages of at most `max_message` bytes.
   void start(const CollectiveCall& call, const GroupState& g, std::size_t max_message,
              std::vector<MPI_Request>* reqs) const;
+  /// Posts the messages as requests of `st`: flat (start), or node-aware on a group that is
+  /// (node_aware: three stages per message, later ones as `st`'s next phases, each stage in the
+  /// order the group's messages started on every rank).
+  void post(const CollectiveCall& call, const std::shared_ptr<GroupState>& g,
+            std::size_t max_message, WorkState& st) const;
   /// After the messages completed: widens, divides and, when packed, unpack(p) copies back.
   template <class Unpack>
   void finish(int group_size, Unpack&& unpack) const {
@@ -140,6 +145,7 @@ struct InPlaceBucket {
 /// Packer statistics.
 void note_extra_bytes(std::size_t n);
 void note_plan(bool hit);
+void note_node_aware(std::size_t messages);
 /// Every rank consolidated: each dtype's span in place.
 void run_spans(const BucketPlan& plan, const CollectiveCall& call, GroupState& g,
                const LeafMemory& mem);

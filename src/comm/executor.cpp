@@ -8,6 +8,7 @@ namespace td::detail {
 
 void post(const DataCall& c, MPI_Request* req) {
   using Op = DataCall::Op;
+  note_data_started();  // the flight recorder: the current call's data starts moving
   // Each routine in its nonblocking form when a request is given, else its blocking form.
   switch (c.op) {
     case Op::Send:
@@ -77,6 +78,9 @@ void post(const DataCall& c, MPI_Request* req) {
       TD_MPI_CHECK(
           req ? MPI_Ireduce_scatter(c.send, c.recv, c.counts, c.type, c.reduce_op, c.comm, req)
               : MPI_Reduce_scatter(c.send, c.recv, c.counts, c.type, c.reduce_op, c.comm));
+      return;
+    case Op::Barrier:
+      TD_MPI_CHECK(req ? MPI_Ibarrier(c.comm, req) : MPI_Barrier(c.comm));
       return;
   }
 }
@@ -242,6 +246,10 @@ void Step::wait() {
   checks_.clear();
   for (const Check& c : checks)
     check_received(statuses[c.request], c.call.type, c.call.count, c.call.root, what_, c.phase);
+}
+
+DataCall barrier_call(MPI_Comm comm) {
+  return base(DataCall::Op::Barrier, comm, MPI_DATATYPE_NULL);
 }
 
 }  // namespace td::detail

@@ -36,6 +36,7 @@ struct DataCall {
     Scatterv,
     ReduceScatterBlock,
     ReduceScatter,
+    Barrier,  // moves no data; here so that every call of a collective's data phase is one kind
   };
   Op op = Op::Bcast;
   MPI_Comm comm = MPI_COMM_NULL;
@@ -83,6 +84,7 @@ DataCall reduce_scatter_block_call(const void* send, void* recv, int count, MPI_
                                    MPI_Op op, MPI_Comm comm);
 DataCall reduce_scatter_call(const void* send, void* recv, const int* counts, MPI_Datatype type,
                              MPI_Op op, MPI_Comm comm);
+DataCall barrier_call(MPI_Comm comm);
 
 /// Posts `call` as one request of `w`'s current phase; a receive (recv_call) has its received
 /// count checked when the phase completes (`phase` names it in the error).

@@ -171,10 +171,18 @@ void LocalFile::close() {
 
 // ---- CollectiveFile --------------------------------------------------------------------------
 
+void CollectiveFile::create_empty(const fs::path& path) { LocalFile::create(path).close(); }
+
+void CollectiveFile::check_openable(const fs::path& path, bool write) {
+  const int fd = ::open(path.c_str(), (write ? O_WRONLY : O_RDONLY) | O_CLOEXEC);
+  if (fd < 0) throw_errno(write ? "open for writing" : "open", path, errno);
+  ::close(fd);
+}
+
 CollectiveFile CollectiveFile::open(GroupState& g, const fs::path& path, bool write,
                                     Clock::time_point deadline) {
   MPI_File fh = MPI_FILE_NULL;
-  const int mode = write ? (MPI_MODE_CREATE | MPI_MODE_WRONLY) : MPI_MODE_RDONLY;
+  const int mode = write ? MPI_MODE_WRONLY : MPI_MODE_RDONLY;
   const std::function<std::string()> describe = [&] {
     return fmt::format("MPI_File_open of {} on a group of {}", path.string(), g.size);
   };
@@ -217,6 +225,63 @@ void CollectiveFile::resize(std::uint64_t bytes) {
   TD_MPI_CHECK(MPI_File_set_size(fh_, static_cast<MPI_Offset>(bytes)));
 }
 
+namespace {
+
+// Blocks of at most kRoundBytes dealt into rounds of at most kRoundBytes each (a block adjacent
+// to the previous one both in the file and in memory joins it), so no count reaches INT_MAX.
+std::vector<std::vector<FileRange>> split_rounds(const std::vector<FileRange>& blocks) {
+  std::vector<std::vector<FileRange>> rounds;
+  std::uint64_t in_round = kRoundBytes;
+  for (const auto& r : blocks) {
+    std::uint64_t done = 0;
+    while (done < r.size) {
+      if (in_round == kRoundBytes) {
+        rounds.emplace_back();
+        in_round = 0;
+      }
+      const std::uint64_t n = std::min(r.size - done, kRoundBytes - in_round);
+      auto& cur = rounds.back();
+      if (!cur.empty() && cur.back().offset + cur.back().size == r.offset + done &&
+          cur.back().data + cur.back().size == r.data + done) {
+        cur.back().size += n;  // adjacent in the file and in memory: one block
+      } else {
+        cur.push_back({r.offset + done, r.data + done, n});
+      }
+      done += n;
+      in_round += n;
+    }
+  }
+  return rounds;
+}
+
+// The two hindexed types of one round: its blocks in the file (from offset 0) and in memory
+// (absolute addresses, for MPI_BOTTOM); freed with the object.
+struct RoundTypes {
+  MPI_Datatype file = MPI_DATATYPE_NULL, memory = MPI_DATATYPE_NULL;
+  explicit RoundTypes(const std::vector<FileRange>& round) {
+    const int n = mpi_count(round.size(), "blocks of a collective file transfer");
+    std::vector<int> lens(round.size());
+    std::vector<MPI_Aint> file_displs(round.size()), mem_displs(round.size());
+    for (std::size_t i = 0; i < round.size(); ++i) {
+      lens[i] = static_cast<int>(round[i].size);  // <= kRoundBytes < INT_MAX
+      file_displs[i] = static_cast<MPI_Aint>(round[i].offset);
+      TD_MPI_CHECK(MPI_Get_address(round[i].data, &mem_displs[i]));
+    }
+    TD_MPI_CHECK(MPI_Type_create_hindexed(n, lens.data(), file_displs.data(), MPI_BYTE, &file));
+    TD_MPI_CHECK(MPI_Type_commit(&file));
+    TD_MPI_CHECK(MPI_Type_create_hindexed(n, lens.data(), mem_displs.data(), MPI_BYTE, &memory));
+    TD_MPI_CHECK(MPI_Type_commit(&memory));
+  }
+  RoundTypes(const RoundTypes&) = delete;
+  RoundTypes& operator=(const RoundTypes&) = delete;
+  ~RoundTypes() {
+    if (file != MPI_DATATYPE_NULL) MPI_Type_free(&file);
+    if (memory != MPI_DATATYPE_NULL) MPI_Type_free(&memory);
+  }
+};
+
+}  // namespace
+
 void CollectiveFile::transfer(std::span<const FileRange> ranges, bool write) {
   // Split every range into blocks of at most kRoundBytes and deal them into rounds of at most
   // kRoundBytes each; every rank runs as many collective calls as the rank with most rounds.
@@ -244,27 +309,7 @@ void CollectiveFile::transfer(std::span<const FileRange> ranges, bool write) {
         std::memcpy(st.buf.data() + (rs[k].offset - rs[i].offset), rs[k].data, rs[k].size);
     blocks.push_back({rs[i].offset, st.buf.data(), st.buf.size()});
   });
-  std::vector<std::vector<FileRange>> rounds;
-  std::uint64_t in_round = kRoundBytes;
-  for (const auto& r : blocks) {
-    std::uint64_t done = 0;
-    while (done < r.size) {
-      if (in_round == kRoundBytes) {
-        rounds.emplace_back();
-        in_round = 0;
-      }
-      const std::uint64_t n = std::min(r.size - done, kRoundBytes - in_round);
-      auto& cur = rounds.back();
-      if (!cur.empty() && cur.back().offset + cur.back().size == r.offset + done &&
-          cur.back().data + cur.back().size == r.data + done) {
-        cur.back().size += n;  // adjacent in the file and in memory: one block
-      } else {
-        cur.push_back({r.offset + done, r.data + done, n});
-      }
-      done += n;
-      in_round += n;
-    }
-  }
+  const auto rounds = split_rounds(blocks);
   auto count = std::make_shared<std::uint64_t>(rounds.size());
   const std::function<std::string()> describe = [&] {
     return fmt::format("collective {} of {} on a group of {}", write ? "write" : "read",
@@ -287,32 +332,12 @@ void CollectiveFile::transfer(std::span<const FileRange> ranges, bool write) {
       continue;
     }
     const auto& round = rounds[k];
-    const int n = mpi_count(round.size(), "blocks of a collective file transfer");
-    std::vector<int> lens(round.size());
-    std::vector<MPI_Aint> file_displs(round.size()), mem_displs(round.size());
-    for (std::size_t i = 0; i < round.size(); ++i) {
-      lens[i] = static_cast<int>(round[i].size);  // <= kRoundBytes < INT_MAX
-      file_displs[i] = static_cast<MPI_Aint>(round[i].offset);
-      TD_MPI_CHECK(MPI_Get_address(round[i].data, &mem_displs[i]));
-    }
-    MPI_Datatype filetype = MPI_DATATYPE_NULL, memtype = MPI_DATATYPE_NULL;
-    TD_MPI_CHECK(MPI_Type_create_hindexed(n, lens.data(), file_displs.data(), MPI_BYTE, &filetype));
-    TD_MPI_CHECK(MPI_Type_create_hindexed(n, lens.data(), mem_displs.data(), MPI_BYTE, &memtype));
-    struct TypesFree {
-      MPI_Datatype* a;
-      MPI_Datatype* b;
-      ~TypesFree() {
-        if (*a != MPI_DATATYPE_NULL) MPI_Type_free(a);
-        if (*b != MPI_DATATYPE_NULL) MPI_Type_free(b);
-      }
-    } types_free{&filetype, &memtype};
-    TD_MPI_CHECK(MPI_Type_commit(&filetype));
-    TD_MPI_CHECK(MPI_Type_commit(&memtype));
-    TD_MPI_CHECK(MPI_File_set_view(fh_, 0, MPI_BYTE, filetype, "native", MPI_INFO_NULL));
+    const RoundTypes types(round);
+    TD_MPI_CHECK(MPI_File_set_view(fh_, 0, MPI_BYTE, types.file, "native", MPI_INFO_NULL));
     if (write) {
-      TD_MPI_CHECK(MPI_File_write_at_all(fh_, 0, MPI_BOTTOM, 1, memtype, &status));
+      TD_MPI_CHECK(MPI_File_write_at_all(fh_, 0, MPI_BOTTOM, 1, types.memory, &status));
     } else {
-      TD_MPI_CHECK(MPI_File_read_at_all(fh_, 0, MPI_BOTTOM, 1, memtype, &status));
+      TD_MPI_CHECK(MPI_File_read_at_all(fh_, 0, MPI_BOTTOM, 1, types.memory, &status));
       int got = 0;
       TD_MPI_CHECK(MPI_Get_count(&status, MPI_BYTE, &got));
       std::uint64_t want = 0;
@@ -326,6 +351,45 @@ void CollectiveFile::transfer(std::span<const FileRange> ranges, bool write) {
     for (const Staged& st : staged)
       for (std::size_t k = st.first; k < st.last; ++k)
         std::memcpy(rs[k].data, st.buf.data() + (rs[k].offset - rs[st.first].offset), rs[k].size);
+}
+
+void CollectiveFile::read_shared(std::span<const FileRange> shared,
+                                 std::span<const FileRange> own) {
+  // Share p of the shared bytes (their concatenation in file order, cut into equal parts) is
+  // read by rank p alone, in the same collective read as its own ranges; then each share is
+  // broadcast from its reader into every other rank's memory. Every byte leaves the file once.
+  const auto rs = sorted(shared);
+  const auto n = static_cast<std::uint64_t>(group_->size);
+  std::uint64_t total = 0;
+  for (const auto& r : rs) total += r.size;
+  auto cut = [&](std::uint64_t p) { return total / n * p + total % n * p / n; };
+  std::vector<std::vector<FileRange>> shares(n);
+  std::uint64_t pos = 0, p = 0;
+  for (const auto& r : rs) {
+    std::uint64_t done = 0;
+    while (done < r.size) {
+      while (pos >= cut(p + 1)) ++p;
+      const std::uint64_t len = std::min(r.size - done, cut(p + 1) - pos);
+      shares[p].push_back({r.offset + done, r.data + done, len});
+      done += len;
+      pos += len;
+    }
+  }
+  std::vector<FileRange> mine(own.begin(), own.end());
+  const auto& my_share = shares[static_cast<std::size_t>(group_->rank)];
+  mine.insert(mine.end(), my_share.begin(), my_share.end());
+  transfer(mine, false);
+  const std::function<std::string()> describe = [&] {
+    return fmt::format("broadcast of the tensors read from {} on a group of {}", path_.string(),
+                       group_->size);
+  };
+  if (n == 1) return;
+  BlockingPhase phase(deadline_, describe);
+  for (std::uint64_t root = 0; root < n; ++root)
+    for (const auto& round : split_rounds(shares[root])) {
+      const RoundTypes types(round);
+      post(bcast_call(MPI_BOTTOM, 1, types.memory, static_cast<int>(root), group_->comm), nullptr);
+    }
 }
 
 void CollectiveFile::write(std::span<const FileRange> ranges) { transfer(ranges, true); }
@@ -423,6 +487,52 @@ ErrorNote agree_outcome(GroupState& g, const ErrorNote& mine, Clock::time_point 
   // Errors that name a disagreement are already the same text on every rank.
   return {text[0],
           text[0] == 'L' ? std::string(msg) : fmt::format("rank {}: {}", hold->lowest, msg)};
+}
+
+ErrorNote check_same_path(GroupState& g, const fs::path& path, Clock::time_point deadline,
+                          std::string_view what) {
+  if (g.size == 1) return {};
+  struct Hold {
+    int len = 0;
+    std::string text;
+  };
+  auto hold = std::make_shared<Hold>();
+  if (g.rank == 0) hold->text = path.string();
+  hold->len = static_cast<int>(hold->text.size());
+  const std::function<std::string()> describe = [&] {
+    return fmt::format("{}: not every rank of the group of {} reached the same step", what, g.size);
+  };
+  Step step(deadline, describe, hold, what);
+  step.post(bcast_call(&hold->len, 1, MPI_INT, 0, g.comm));
+  step.wait();
+  hold->text.resize(static_cast<std::size_t>(hold->len));
+  step.post(bcast_call(hold->text.data(), hold->len, MPI_CHAR, 0, g.comm));
+  step.wait();
+  if (hold->text == path.string()) return {};
+  return {'E', fmt::format("{}: this rank names the file '{}' but rank 0 names '{}': every rank "
+                           "of the group must pass the same path",
+                           what, path.string(), hold->text)};
+}
+
+void and_over_ranks(GroupState& g, std::vector<std::uint8_t>& flags, Clock::time_point deadline,
+                    std::string_view what) {
+  if (g.size == 1 || flags.empty()) return;
+  auto hold = std::make_shared<std::vector<std::uint8_t>>(std::move(flags));
+  const std::function<std::string()> describe = [&] {
+    return fmt::format("{}: not every rank of the group of {} reached the same step", what, g.size);
+  };
+  Step step(deadline, describe, hold, what);
+  step.post(allreduce_call(MPI_IN_PLACE, hold->data(), mpi_count(hold->size(), "flags"),
+                           MPI_UINT8_T, MPI_BAND, g.comm));
+  step.wait();
+  flags = *hold;
+}
+
+void drop_cached(const fs::path& target) {
+  const int fd = ::open(target.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
 }
 
 // ---- atomic replace ----------------------------------------------------------------------------

@@ -63,9 +63,20 @@ class LocalFile {
 /// A file opened collectively by every rank of a group (MPI-IO, MPI_File_open on the group's
 /// communicator). Each rank passes its own ranges (disjoint from the other ranks' for writes);
 /// every call is collective. Blocking calls run under the call's deadline (BlockingPhase).
+///
+/// Open MPI's MPI_File_open (ompio) hangs every rank when the open fails on a rank other than 0
+/// (rank 0's failure is returned everywhere). So a group opens in agreed steps: rank 0 creates
+/// the file (create_empty), every rank checks that it can open it (check_openable), the outcome
+/// is agreed (agree_outcome), and only then does every rank call open().
 class CollectiveFile {
  public:
-  /// Opens `path` on every rank of `g` (created when `write`); throws td::MpiError.
+  /// Creates (or truncates) `path` as an empty file (POSIX; rank 0 before a collective write).
+  static void create_empty(const std::filesystem::path& path);
+  /// Opens and closes `path` with POSIX calls as open() will: a td::Error naming the file and the
+  /// system's reason, on this rank alone.
+  static void check_openable(const std::filesystem::path& path, bool write);
+  /// Opens the existing `path` on every rank of `g` (for writing when `write`); throws td::Error.
+  /// Call only once every rank passed check_openable.
   static CollectiveFile open(GroupState& g, const std::filesystem::path& path, bool write,
                              std::chrono::steady_clock::time_point deadline);
   CollectiveFile(CollectiveFile&& other) noexcept;
@@ -84,6 +95,11 @@ class CollectiveFile {
   void write(std::span<const FileRange> ranges);
   /// Collective reads (MPI_File_read_at_all), as write().
   void read(std::span<const FileRange> ranges);
+  /// Collective reads where every rank also wants `shared`: the same file ranges (offsets and
+  /// sizes, in the same order) on every rank, each into this rank's own memory. Each shared byte
+  /// is read from the file once, by one rank (rank p an equal p-th share, with its `own` ranges in
+  /// the same collective read), then broadcast to the others (MPI_Bcast of each share).
+  void read_shared(std::span<const FileRange> shared, std::span<const FileRange> own);
   /// MPI_File_sync: the data is on storage when it returns on every rank.
   void sync();
   /// MPI_File_close (collective).
@@ -127,6 +143,21 @@ ErrorNote capture_error(F&& f) {
 /// One small nonblocking collective (more only after a failure), polled against `deadline`.
 ErrorNote agree_outcome(GroupState& g, const ErrorNote& mine,
                         std::chrono::steady_clock::time_point deadline, std::string_view what);
+
+/// The note of a rank whose `path` is not rank 0's (every rank of a group must name the same
+/// file): rank 0's path is broadcast, each rank compares. Agree on the result with agree_outcome.
+ErrorNote check_same_path(GroupState& g, const std::filesystem::path& path,
+                          std::chrono::steady_clock::time_point deadline, std::string_view what);
+
+/// `flags` made the bitwise AND of every rank's (same length on every rank), in place.
+void and_over_ranks(GroupState& g, std::vector<std::uint8_t>& flags,
+                    std::chrono::steady_clock::time_point deadline, std::string_view what);
+
+/// Drops the page cache of the file `target` if it exists (posix_fadvise DONTNEED; its data
+/// stays on storage). A save calls it before writing the new copy beside it: the new file's pages
+/// then reuse the old one's instead of needing as much memory again (1 GiB saved in 1.6-2.1 s
+/// instead of 6-12 s on a VM whose free memory is cold). Errors are ignored.
+void drop_cached(const std::filesystem::path& target);
 
 /// A name beside `target` for its temporary copy: ".<name>.td-tmp-<nonce>".
 std::filesystem::path temp_path_beside(const std::filesystem::path& target, std::string_view nonce);

@@ -147,6 +147,7 @@ Analysis analyse_layout(std::span<const LeafRef> leaves) {
     l.contiguous = !l.sparse && t.is_contiguous();
     a.dtype_mask |= 1u << static_cast<unsigned>(l.dtype);
     a.any_sparse = a.any_sparse || l.sparse;
+    a.total_bytes += static_cast<std::uint64_t>(t.numel()) * itemsize(l.dtype);
   }
   a.memory = std::make_shared<LeafMemory>();
   a.memory->data.resize(leaves.size(), nullptr);
@@ -196,15 +197,11 @@ std::string check_ops(std::span<const LeafRef> leaves, const Analysis& a,
   return err;
 }
 
-std::shared_ptr<LayoutCache> make_layout_cache() { return std::make_shared<LayoutCache>(); }
-
-// The dict's layout cache, told the order generation and leaf stamp of this call (after
-// DictAccess::canonical(d)).
 LayoutCache& layout_cache_for_call(const TensorDict& d) {
-  LayoutCache& cache = DictAccess::layout_cache(d);
-  cache.generation_now = DictAccess::canonical_generation(d);
-  cache.stamp_now = DictAccess::leaf_stamp(d);
-  return cache;
+  auto* cache = static_cast<LayoutCache*>(DictAccess::attachment(
+      d, [] { return std::shared_ptr<void>(std::make_shared<LayoutCache>()); }));
+  cache->generation_now = DictAccess::canonical_generation(d);
+  return *cache;
 }
 
 DictLeaves dict_leaves(const TensorDict& d, bool with_cache) {
@@ -227,22 +224,12 @@ const Analysis& analyse_cached(std::span<const LeafRef> leaves, LayoutCache* cac
     scratch = analyse_layout(leaves);
     return scratch;
   }
-  bool hit = cache->generation == generation && cache->layout_ids.size() == leaves.size();
-  // Same order, same leaf stamp: no leaf object was assigned, moved from or re-laid out since the
-  // ids were compared, so they still match (O(sub-dicts), computed by canonical()). Otherwise
-  // one load and compare per leaf (equal layout ids mean equal layouts).
-  if (hit && cache->stamp != cache->stamp_now) {
-    const std::uint64_t* ids = cache->layout_ids.data();
-    for (std::size_t i = 0; hit && i < leaves.size(); ++i)
-      hit = ids[i] == TensorAccess::layout_id(*leaves[i].tensor);
-  }
-  cache->stamp = cache->stamp_now;
+  // Same order, and no leaf object assigned, moved from or re-laid out since the analysis (the
+  // leaves' storage versions, or else their layout ids, say so): the analysis still holds.
+  const bool hit = cache->generation == generation && cache->versions.same_layouts(leaves);
   if (!hit) {
     cache->analysis = analyse_layout(leaves);
-    cache->layout_ids.clear();
-    cache->layout_ids.reserve(leaves.size());
-    for (const auto& ref : leaves)
-      cache->layout_ids.push_back(TensorAccess::layout_id(*ref.tensor));
+    cache->versions.record(leaves);
     cache->generation = generation;
   }
   return cache->analysis;

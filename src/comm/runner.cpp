@@ -2,6 +2,7 @@
 // of all_reduce / reduce / broadcast (spans, one reused pack buffer), their async path, and the
 // packer statistics.
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cstring>
 
@@ -12,6 +13,7 @@
 #include "comm/engine_internal.hpp"
 #include "core/config.hpp"
 #include "runtime/log.hpp"
+#include "tensordict/diagnostics.hpp"
 
 namespace td::detail {
 
@@ -86,6 +88,11 @@ void note_plan(bool hit) {
   ++(hit ? g_stats.plan_hits : g_stats.plan_misses);
 }
 
+void note_node_aware(std::size_t messages) {
+  std::lock_guard lock(g_stats_mu);
+  g_stats.node_aware_messages += messages;
+}
+
 // Every rank holds each dtype's leaves as one span of one storage (a consolidated dict): one
 // pass per span, in place, in the plan's messages (max(cap, 4 MiB)), whatever the buckets. The
 // sequence of messages depends only on the agreed layout, so it is the same on every rank.
@@ -149,6 +156,102 @@ void InPlaceBucket::start(const CollectiveCall& call, const GroupState& g, std::
     }
     start_or_run(call, g.rank, g.comm, w + off, n, wire, req);
   });
+}
+
+namespace {
+
+// Stage s (0 and 2 within each node, 1 between the nodes) of one message of a node-aware
+// all_reduce / reduce / broadcast: this rank's one call, or none where it takes no part.
+//   all_reduce: reduce onto each node's rank 0; all-reduce between those leaders; broadcast
+//               within each node.
+//   reduce:     the same reduce; reduce between the leaders onto the root's node; broadcast
+//               within the root's node when the root is not its rank 0.
+//   broadcast:  within the root's node from the root; between the leaders from the root's node;
+//               within every other node from its leader.
+std::optional<DataCall> node_stage(const CollectiveCall& call, const GroupState& g, int stage,
+                                   std::byte* p, int count, DType dtype) {
+  const NodeSplit& n = g.nodes;
+  const MPI_Datatype type = mpi_datatype(dtype);
+  const bool leader = n.leaders != MPI_COMM_NULL;
+  const int my_node = n.node_of[static_cast<std::size_t>(g.rank)];
+  const int root_node = n.node_of[static_cast<std::size_t>(call.root)];
+  const int root_local = n.local_of[static_cast<std::size_t>(call.root)];
+  if (call.kind == CollectiveKind::Broadcast) {
+    if (stage == 0)
+      return my_node == root_node ? std::optional(bcast_call(p, count, type, root_local, n.within))
+                                  : std::nullopt;
+    if (stage == 1)
+      return leader ? std::optional(bcast_call(p, count, type, root_node, n.leaders))
+                    : std::nullopt;
+    return my_node != root_node ? std::optional(bcast_call(p, count, type, 0, n.within2))
+                                : std::nullopt;
+  }
+  const MPI_Op op = mpi_op(call.op, dtype);
+  if (stage == 0)
+    return n.local_rank == 0 ? reduce_call(MPI_IN_PLACE, p, count, type, op, 0, n.within)
+                             : reduce_call(p, nullptr, count, type, op, 0, n.within);
+  if (call.kind == CollectiveKind::AllReduce) {
+    if (stage == 1)
+      return leader ? std::optional(allreduce_call(MPI_IN_PLACE, p, count, type, op, n.leaders))
+                    : std::nullopt;
+    return bcast_call(p, count, type, 0, n.within2);
+  }
+  if (stage == 1) {
+    if (!leader) return std::nullopt;
+    const bool here = my_node == root_node;
+    return reduce_call(here ? MPI_IN_PLACE : p, here ? p : nullptr, count, type, op, root_node,
+                       n.leaders);
+  }
+  return my_node == root_node && root_local != 0
+             ? std::optional(bcast_call(p, count, type, 0, n.within2))
+             : std::nullopt;
+}
+
+// One node-aware bucket as it travels: its messages, each through the three stages in turn, in
+// waves (each a phase of the Work): wave k posts message k's first stage, k-1's second and k-2's
+// third, so that one message crosses the network while the next is reduced within the node.
+struct NodeAwareTransfer {
+  InPlaceBucket ib;
+  CollectiveCall call;
+  std::shared_ptr<GroupState> g;
+  std::vector<std::pair<std::size_t, int>> messages;  // byte offset in ib.w, element count
+  std::array<std::uint64_t, 3> first{};  // message 0's ticket in each stage (NodeSplit::posted)
+  std::array<std::size_t, 3> next{};     // per stage, the next message to post
+};
+
+void advance_stages(const std::shared_ptr<NodeAwareTransfer>& t, WorkState& st) {
+  NodeSplit& n = t->g->nodes;
+  const std::size_t total = t->messages.size();
+  const std::array<std::size_t, 3> done = t->next;  // a phase runs once all it posted completed
+  for (int s = 2; s >= 0; --s) {
+    const auto stage = static_cast<std::size_t>(s);
+    const std::size_t limit = s == 0 ? std::min(total, done[0] + 1) : done[stage - 1];
+    while (t->next[stage] < limit) {
+      const std::uint64_t ticket = t->first[stage] + t->next[stage];
+      if (n.posted[stage].load(std::memory_order_acquire) != ticket)
+        break;  // an earlier one's turn
+      const auto [off, count] = t->messages[t->next[stage]];
+      if (auto c = node_stage(t->call, *t->g, s, t->ib.w + off, count, t->ib.wire))
+        post_into(st, *c, "node-aware stage");
+      ++t->next[stage];
+      n.posted[stage].store(ticket + 1, std::memory_order_release);
+    }
+  }
+  if (t->next[2] < total) st.then = [t](WorkState& w) { advance_stages(t, w); };
+}
+
+}  // namespace
+
+void InPlaceBucket::post(const CollectiveCall& call, const std::shared_ptr<GroupState>& g,
+                         std::size_t max_message, WorkState& st) const {
+  if (!node_aware(*g)) return start(call, *g, max_message, &st.requests);
+  auto t = std::make_shared<NodeAwareTransfer>(NodeAwareTransfer{*this, call, g, {}, {}, {}});
+  for_each_message(wire_bytes(), wire, max_message,
+                   [&](std::size_t off, int n) { t->messages.emplace_back(off, n); });
+  for (std::size_t s = 0; s < 3; ++s)
+    t->first[s] = g->nodes.drawn[s].fetch_add(t->messages.size(), std::memory_order_relaxed);
+  note_node_aware(t->messages.size());
+  advance_stages(t, st);
 }
 
 void run_sync(const std::shared_ptr<const BucketPlan>& plan_ptr, std::span<const LeafRef> leaves,
@@ -264,6 +367,9 @@ std::vector<Work> run_buckets(const BucketPlan& plan, std::span<const LeafRef> l
   for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
     const auto& bk = plan.buckets[b];
     auto st = runner.state(call.name, plan, b, leaves, g->size);
+    // Reserved: a reallocation would move the copies, which counts in the leaves' storage
+    // versions and costs the next call a compare per leaf (core/dict_internal.hpp LeafVersions).
+    st->keep_alive.reserve(st->keep_alive.size() + bk.slots.size());
     for (const auto& slot : bk.slots) st->keep_alive.push_back(*leaves[slot.leaf].tensor);
     bool packed = false;
     std::byte* p = BucketRunner::place(bk, leaves, *st, roles.sends, &packed);
@@ -283,7 +389,8 @@ std::vector<Work> run_buckets(const BucketPlan& plan, std::span<const LeafRef> l
       });
     };
     runner.run(st, [&](std::vector<MPI_Request>* reqs) {
-      ib.start(call, *g, plan.max_message_bytes, reqs);
+      if (reqs) return ib.post(call, g, plan.max_message_bytes, *st);
+      ib.start(call, *g, plan.max_message_bytes, nullptr);
     });
   }
   note_extra_bytes(buffered);
@@ -327,7 +434,7 @@ void BucketRunner::run(const std::shared_ptr<WorkState>& st,
   }
   start(&st->requests);
   states_.push_back(st);
-  works_.emplace_back(st);
+  works_.push_back(WorkAccess::wrap(st));
 }
 
 void BucketRunner::run_one(const std::shared_ptr<WorkState>& st,

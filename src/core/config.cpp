@@ -13,7 +13,7 @@
 #include <malloc.h>
 #endif
 
-#include "tensordict/collectives.hpp"
+#include "tensordict/bucket_bytes.hpp"
 
 namespace td::detail {
 
@@ -68,6 +68,35 @@ Config read() {
         (*v == "off" || *v == "0") ? 0 : parse_positive("TD_MALLOC_MMAP_THRESHOLD", *v);
   if (auto v = env("TD_TUNE_MPI")) c.tune_mpi = parse_bool("TD_TUNE_MPI", *v);
   if (auto v = env("TD_HUGEPAGES")) c.hugepages = parse_bool("TD_HUGEPAGES", *v);
+  if (auto v = env("TD_FLIGHT_RECORDER"))
+    c.flight_recorder = *v == "0" ? 0
+                                  : static_cast<std::size_t>(std::min<std::uint64_t>(
+                                        parse_positive("TD_FLIGHT_RECORDER", *v), 1u << 24));
+  if (auto v = env("TD_FLIGHT_RECORDER_DIR")) c.flight_recorder_dir = *v;
+  if (auto v = env("TD_DIAGNOSIS_MS"))
+    c.diagnosis = std::chrono::milliseconds(*v == "0" ? 0 : parse_positive("TD_DIAGNOSIS_MS", *v));
+  if (auto v = env("TD_HIERARCHICAL")) {
+    if (*v == "auto") {
+      c.hierarchical = 2;
+    } else {
+      try {
+        c.hierarchical = parse_bool("TD_HIERARCHICAL", *v) ? 1 : 0;
+      } catch (const std::invalid_argument&) {
+        throw std::invalid_argument(fmt::format("TD_HIERARCHICAL={}: expected 1, 0 or auto", *v));
+      }
+    }
+  }
+  if (auto v = env("TD_TEST_RANKS_PER_NODE")) {
+    std::size_t start = 0;
+    for (;;) {
+      const std::size_t comma = v->find(',', start);
+      const std::string part = v->substr(start, comma - start);
+      c.test_node_sizes.push_back(static_cast<int>(
+          std::min<std::uint64_t>(parse_positive("TD_TEST_RANKS_PER_NODE", part), 1u << 20)));
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+  }
   if (auto v = env("TD_LOG_LEVEL")) {
     if (*v == "off") {
       c.log_level = LogLevel::Off;

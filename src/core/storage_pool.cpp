@@ -375,6 +375,8 @@ StoragePool& storage_pool() {
   return *pool;
 }
 
-StoragePoolStats storage_pool_stats() { return storage_pool().stats(); }
-
 }  // namespace td::detail
+
+namespace td {
+StoragePoolStats storage_pool_stats() { return detail::storage_pool().stats(); }
+}  // namespace td

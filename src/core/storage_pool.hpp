@@ -35,6 +35,7 @@
 #include <mutex>
 #include <string>
 
+#include "tensordict/diagnostics.hpp"
 #include "tensordict/export.hpp"
 
 namespace td::detail {
@@ -60,26 +61,8 @@ struct StorageBlock {
   void* owner = nullptr;
 };
 
-/// A snapshot of the pool's counters (each read on its own, relaxed: exact when no other thread
-/// allocates meanwhile).
-struct StoragePoolStats {
-  std::size_t pooled_storages = 0;   ///< live storages served by the pool
-  std::size_t pooled_requested = 0;  ///< their requested bytes
-  std::size_t pooled_blocks = 0;     ///< their size-class bytes (>= requested)
-  std::size_t mapped = 0;            ///< bytes of every chunk mapped now, spare ones included
-  /// Bytes of mapped chunks that were ever handed out, in whole 2 MiB pages: with transparent
-  /// huge pages a first touch faults in a whole 2 MiB page, so this bounds what the pool holds
-  /// resident (never-used ends of chunks cost address space only).
-  std::size_t touched = 0;
-  std::size_t spare = 0;              ///< bytes of empty chunks kept for reuse (part of mapped)
-  std::size_t chunks = 0;             ///< chunks mapped now
-  std::uint64_t chunks_mapped = 0;    ///< mmaps since the pool started
-  std::uint64_t chunks_unmapped = 0;  ///< munmaps since the pool started
-  std::size_t large_storages = 0;     ///< live storages above kPoolMaxBytes on their own pages
-  std::size_t large_requested = 0;    ///< their requested bytes
-  std::size_t heap_storages = 0;      ///< live storages from aligned_alloc (small, or pool off)
-  std::size_t heap_requested = 0;     ///< their requested bytes
-};
+/// A snapshot of the pool's counters (tensordict/diagnostics.hpp).
+using StoragePoolStats = td::StoragePoolStats;
 
 /// What the pool does in this process, and why (for the log: runtime prints it at init).
 struct StoragePoolStatus {
@@ -140,9 +123,5 @@ class StoragePool {
 /// The process's pool (TD_HUGEPAGES from config()); created at first use, never destroyed, so
 /// storages that outlive static destruction can still be released.
 StoragePool& storage_pool();
-
-/// storage_pool().stats(), exported from libtensordict.so for the benchmarks ("extra memory of
-/// the pool" = touched - pooled_requested); not part of the public API.
-TD_API StoragePoolStats storage_pool_stats();
 
 }  // namespace td::detail

@@ -114,15 +114,17 @@ void strided_copy(std::byte* dst, const Shape& dst_strides, const std::byte* src
   }
 }
 
-std::atomic<std::uint64_t>& dict_epoch() {
-  static std::atomic<std::uint64_t> epoch{1};
-  return epoch;
-}
+namespace {
+std::atomic<std::uint64_t> g_leaf_epoch{0};
+}  // namespace
+
+std::uint64_t TensorAccess::leaf_epoch() { return g_leaf_epoch.load(std::memory_order_relaxed); }
 
 void TensorAccess::renew_layout_id(Tensor& t) {
   static std::atomic<std::uint64_t> next{1};
   t.layout_id_ = next.fetch_add(1, std::memory_order_relaxed);
-  count_leaf_change(t.leaf_changes_.load(std::memory_order_relaxed));
+  if (t.is_leaf_.load(std::memory_order_relaxed))
+    g_leaf_epoch.fetch_add(1, std::memory_order_relaxed);
 }
 
 Tensor TensorAccess::view_of(const Tensor& base, std::int64_t offset, Shape shape) {
@@ -141,10 +143,22 @@ Tensor TensorAccess::view_of(const Tensor& base, std::int64_t offset, Shape shap
 using detail::contiguous_strides;
 using detail::shape_numel;
 
+namespace {
+// An existing tensor object (its storage and its is_leaf_) is about to change its layout and
+// leave, or lose, that storage: one more change in the storage's version counter (see
+// detail::Storage::view_changes), and in the leaf epoch if the object is a dict's leaf.
+void count_view_change(const std::shared_ptr<detail::Storage>& storage,
+                       const std::atomic<bool>& is_leaf) {
+  if (storage) storage->view_changes.fetch_add(1, std::memory_order_relaxed);
+  if (is_leaf.load(std::memory_order_relaxed))
+    detail::g_leaf_epoch.fetch_add(1, std::memory_order_relaxed);
+}
+}  // namespace
+
 Tensor::Tensor() = default;
-// Copies and moves carry the layout (and its id) but never leaf_changes_, which belongs to the
-// object's place in a dict. Every assignment, and being moved from, changes the object's layout:
-// it counts as a change of the leaf it may be.
+// Copies and moves carry the layout (and its id), never is_leaf_ (where the object lives).
+// Every assignment, and being moved from, changes an existing object's layout: it counts in the
+// version of the storage it viewed, and in the leaf epoch if the object is a leaf.
 Tensor::Tensor(const Tensor& other)
     : storage_(other.storage_),
       offset_(other.offset_),
@@ -163,13 +177,14 @@ Tensor::Tensor(Tensor&& other) noexcept
       dtype_(other.dtype_),
       sparse_(std::move(other.sparse_)),
       layout_id_(std::exchange(other.layout_id_, 0)) {
+  count_view_change(storage_, other.is_leaf_);  // other no longer views it
   other.shape_.clear();
   other.strides_.clear();
-  detail::count_leaf_change(other.leaf_changes_.load(std::memory_order_relaxed));
 }
 Tensor::~Tensor() = default;
 
 Tensor& Tensor::operator=(const Tensor& other) {
+  count_view_change(storage_, is_leaf_);
   if (this != &other) {
     storage_ = other.storage_;
     offset_ = other.offset_;
@@ -179,13 +194,13 @@ Tensor& Tensor::operator=(const Tensor& other) {
     sparse_ = other.sparse_;
     layout_id_ = other.layout_id_;
   }
-  detail::count_leaf_change(leaf_changes_.load(std::memory_order_relaxed));
   return *this;
 }
 
 Tensor& Tensor::operator=(Tensor&& other) noexcept {
-  detail::count_leaf_change(leaf_changes_.load(std::memory_order_relaxed));
+  count_view_change(storage_, is_leaf_);
   if (this == &other) return *this;
+  count_view_change(other.storage_, other.is_leaf_);  // other no longer views it
   storage_ = std::move(other.storage_);
   offset_ = std::exchange(other.offset_, 0);
   shape_ = std::move(other.shape_);
@@ -195,7 +210,6 @@ Tensor& Tensor::operator=(Tensor&& other) noexcept {
   layout_id_ = std::exchange(other.layout_id_, 0);
   other.shape_.clear();
   other.strides_.clear();
-  detail::count_leaf_change(other.leaf_changes_.load(std::memory_order_relaxed));
   return *this;
 }
 

@@ -30,7 +30,8 @@ namespace {
 // Versions are unique across all dicts of the process, not counted per dict: a dict freed and
 // another allocated at the same address never look like the same dict at the same version.
 std::uint64_t next_dict_version() {
-  return detail::dict_epoch().fetch_add(1, std::memory_order_relaxed) + 1;
+  static std::atomic<std::uint64_t> last{0};
+  return last.fetch_add(1, std::memory_order_relaxed) + 1;
 }
 }  // namespace
 
@@ -46,9 +47,6 @@ struct TensorDict::Impl {
   // Renewed (next_dict_version) by every structural change of this dict (not of its sub-dicts,
   // which have their own).
   std::uint64_t version = next_dict_version();
-  // Bumped by every layout change of one of this dict's own leaves (Tensor::leaf_changes_ points
-  // here once the canonical order below was built); never decreases.
-  std::atomic<std::uint64_t> leaf_changes{0};
 
   // Canonical-order cache (see DictAccess::canonical): valid while every dict of the tree, in
   // walk order, is the same object at the same version as when it was built. Const calls may
@@ -62,11 +60,9 @@ struct TensorDict::Impl {
   std::vector<std::pair<const Impl*, std::uint64_t>> cache_nodes;
   std::vector<Key> cache_keys;
   std::vector<detail::LeafRef> cache;
-  std::uint64_t epoch_seen = 0;  // detail::dict_epoch() when the cache was last found valid
-  std::shared_ptr<detail::LayoutCache> layout_cache;  // owned here, defined by the collectives
+  std::shared_ptr<void> attachment;  // a higher layer's (DictAccess::attachment)
   // Read without the lock by DictAccess (after canonical()), hence atomic.
   std::atomic<std::uint64_t> published_generation{0};  // cache_generation, 0 while invalid
-  std::atomic<std::uint64_t> leaf_stamp{0};  // sum of leaf_changes over the tree, last check
 
   // Positions of the sub-dicts among `entries`, recomputed when `version` moved on (every
   // change that can add, remove or replace a sub-dict bumps it). Computed on first use by
@@ -112,14 +108,11 @@ TensorDict& TensorDict::operator=(const TensorDict& other) {
   if (this != &other) *this = TensorDict(other);
   return *this;
 }
-// Moving a dict changes which Impl a parent reaches (a parent caching this dict must look again):
-// it counts in the dict epoch.
-TensorDict::TensorDict(TensorDict&& other) noexcept : impl_(std::move(other.impl_)) {
-  detail::dict_epoch().fetch_add(1, std::memory_order_relaxed);
-}
+// Moving a dict changes which Impl a parent reaches: a parent's canonical order, which
+// remembers the Impls of its tree, sees it on its next check.
+TensorDict::TensorDict(TensorDict&& other) noexcept : impl_(std::move(other.impl_)) {}
 TensorDict& TensorDict::operator=(TensorDict&& other) noexcept {
-  impl_ = std::move(other.impl_);  // a parent caching this dict sees a different Impl
-  detail::dict_epoch().fetch_add(1, std::memory_order_relaxed);
+  impl_ = std::move(other.impl_);
   return *this;
 }
 
@@ -513,19 +506,82 @@ std::uint64_t hash_key(const Key& key) {
   return h;
 }
 
-LayoutCache& DictAccess::layout_cache(const TensorDict& d) {
+void* DictAccess::attachment(const TensorDict& d, std::shared_ptr<void> (*make)()) {
   auto& in = const_cast<TensorDict&>(d).impl();
   const std::lock_guard lock(in.cache_mutex);
-  if (!in.layout_cache) in.layout_cache = make_layout_cache();
-  return *in.layout_cache;
+  if (!in.attachment) in.attachment = make();
+  return in.attachment.get();
 }
 
 std::uint64_t DictAccess::canonical_generation(const TensorDict& d) {
   return d.impl().published_generation.load(std::memory_order_relaxed);  // canonical(d) first
 }
 
-std::uint64_t DictAccess::leaf_stamp(const TensorDict& d) {
-  return d.impl().leaf_stamp.load(std::memory_order_relaxed);
+void LeafVersions::record(std::span<const LeafRef> leaves) {
+  leaf_epoch_ = TensorAccess::leaf_epoch();  // first: a change after this read moves it
+  layout_ids_.clear();
+  layout_ids_.reserve(leaves.size());
+  without_storage_.clear();
+  std::vector<std::pair<const Storage*, std::size_t>> by_storage;  // (storage, a leaf of it)
+  by_storage.reserve(leaves.size());
+  for (std::size_t i = 0; i < leaves.size(); ++i) {
+    const Tensor& t = *leaves[i].tensor;
+    layout_ids_.push_back(TensorAccess::layout_id(t));
+    if (const Storage* s = TensorAccess::storage(t))
+      by_storage.emplace_back(s, i);
+    else
+      without_storage_.push_back(i);
+  }
+  std::sort(by_storage.begin(), by_storage.end());
+  storages_.clear();
+  for (std::size_t k = 0; k < by_storage.size(); ++k) {
+    if (k > 0 && by_storage[k].first == by_storage[k - 1].first) continue;
+    const Storage* raw = by_storage[k].first;
+    storages_.push_back({TensorAccess::weak_storage(*leaves[by_storage[k].second].tensor), raw,
+                         raw->view_changes.load(std::memory_order_relaxed)});
+  }
+  // Storages scattered over the heap cost a cache miss each (16384 separate ones: 0.3 ms), the
+  // leaves' ids in their dict's entries a sequential read: the counters pay only when the leaves
+  // share storages.
+  few_storages_ = storages_.size() * kLeavesPerStorage <= leaves.size();
+  if (!few_storages_) storages_.clear();  // unused: no need to keep their control blocks
+}
+
+bool LeafVersions::storages_unchanged() const {
+  for (const Seen& s : storages_) {
+    // Expired: every tensor that viewed it let go of it, a leaf among them. Otherwise some tensor
+    // holds it, so `s.raw` is alive (a dict does not change during a call that reads it).
+    if (s.storage.expired() ||
+        s.raw->view_changes.load(std::memory_order_relaxed) != s.view_changes)
+      return false;
+  }
+  return true;
+}
+
+bool LeafVersions::same_layouts(std::span<const LeafRef> leaves) {
+  if (leaves.size() != layout_ids_.size()) return false;
+  // No leaf object of any dict changed its layout since the last look: one load. (`leaves` come
+  // from canonical(), which marked every one as a leaf.)
+  const std::uint64_t epoch = TensorAccess::leaf_epoch();
+  if (epoch == leaf_epoch_) return true;
+  if (few_storages_) {
+    for (const std::size_t i : without_storage_)
+      if (TensorAccess::layout_id(*leaves[i].tensor) != layout_ids_[i]) return false;
+    if (storages_unchanged()) {
+      leaf_epoch_ = epoch;
+      return true;
+    }
+  }
+  // A tensor object of one of the storages was assigned or moved from (maybe a leaf, maybe a
+  // copy of one: a Work's), or the leaves have about a storage each. Equal layout ids mean equal
+  // layouts, so equal storages too.
+  ++leaf_walks_;
+  for (std::size_t i = 0; i < leaves.size(); ++i)
+    if (TensorAccess::layout_id(*leaves[i].tensor) != layout_ids_[i]) return false;
+  if (few_storages_)  // the counters moved on, the leaves did not: remember them again
+    for (Seen& s : storages_) s.view_changes = s.raw->view_changes.load(std::memory_order_relaxed);
+  leaf_epoch_ = epoch;
+  return true;
 }
 
 const std::vector<LeafRef>& DictAccess::canonical(const TensorDict& cd) {
@@ -534,16 +590,10 @@ const std::vector<LeafRef>& DictAccess::canonical(const TensorDict& cd) {
   // One uncontended lock per call (~20 ns) makes concurrent const calls on one dict safe; the
   // order it returns stays valid after the unlock (see Impl::cache_mutex).
   const std::lock_guard lock(in.cache_mutex);
-  // Nothing changed in any dict of the process since the last check: the cache is valid without
-  // walking the tree (whose nodes, cold in cache, cost ~0.2 us each).
-  const std::uint64_t epoch = dict_epoch().load(std::memory_order_relaxed);
-  if (in.cache_valid && in.epoch_seen == epoch) return in.cache;
-  in.epoch_seen = epoch;
   if (in.cache_valid) {
     // Walk the live tree (no strings, no sort): only dicts reached through it are dereferenced.
     std::size_t k = 0;
     bool same = true;
-    std::uint64_t stamp = 0;
     auto check = [&](auto& self, const TensorDict& node) -> void {
       const TensorDict::Impl* p = node.impl_.get();
       if (!same || p == nullptr || k >= in.cache_nodes.size() || in.cache_nodes[k].first != p ||
@@ -552,31 +602,26 @@ const std::vector<LeafRef>& DictAccess::canonical(const TensorDict& cd) {
         return;
       }
       ++k;
-      stamp += p->leaf_changes.load(std::memory_order_relaxed);
       for (const std::size_t i : p->subs()) self(self, std::get<TensorDict>(p->entries[i].value));
     };
     check(check, d);
-    if (same && k == in.cache_nodes.size()) {
-      in.leaf_stamp.store(stamp, std::memory_order_relaxed);
-      return in.cache;
-    }
+    if (same && k == in.cache_nodes.size()) return in.cache;
   }
   in.cache_valid = false;  // until rebuilt (the walk throws on a moved-from sub-dict)
   in.published_generation.store(0, std::memory_order_relaxed);
   in.cache_nodes.clear();
   std::vector<std::pair<Key, Tensor*>> all;
   std::vector<std::string> prefix;
-  std::uint64_t stamp = 0;
-  // Every leaf of the tree counts its changes in its own dict from now on: until the next
-  // rebuild, which any structural change forces, each leaf object stays where it is.
+  // Until the next rebuild, which any structural change forces, each leaf object stays where it
+  // is: callers may keep the leaf pointers (and LeafVersions of them) while the order holds.
+  // Every leaf is marked as one, so a change of its layout moves the leaf epoch.
   auto walk = [&](auto& self, TensorDict& node) -> void {
     TensorDict::Impl& ni = node.impl();
     in.cache_nodes.emplace_back(&ni, ni.version);
-    stamp += ni.leaf_changes.load(std::memory_order_relaxed);
     for (auto& e : ni.entries) {
       prefix.push_back(e.name);
       if (auto* t = std::get_if<Tensor>(&e.value)) {
-        TensorAccess::set_leaf_change_counter(*t, &ni.leaf_changes);
+        TensorAccess::mark_leaf(*t);  // its layout changes count in the leaf epoch from now on
         all.emplace_back(Key(prefix), t);
       } else {
         self(self, std::get<TensorDict>(e.value));
@@ -596,7 +641,6 @@ const std::vector<LeafRef>& DictAccess::canonical(const TensorDict& cd) {
   in.cache_valid = true;
   ++in.cache_generation;
   in.published_generation.store(in.cache_generation, std::memory_order_relaxed);
-  in.leaf_stamp.store(stamp, std::memory_order_relaxed);
   return in.cache;
 }
 }  // namespace detail

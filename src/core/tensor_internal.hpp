@@ -20,6 +20,12 @@ struct Storage {
   std::byte* data = nullptr;
   std::size_t nbytes = 0;
   void* owner = nullptr;  // where data came from (StoragePool::release)
+  // The storage's version counter (as c10's TensorImpl keeps one): bumped whenever a tensor
+  // object viewing this storage changes its layout (assigned, moved from). Unchanged since a
+  // read: every tensor object that viewed the storage then still views it with the same layout.
+  // New views do not count: they change no existing object. Atomic: two threads may change two
+  // tensors of one storage.
+  mutable std::atomic<std::uint64_t> view_changes{0};
 };
 
 /// The two dense tensors behind a sparse COO tensor.
@@ -44,14 +50,18 @@ struct TensorAccess {
   }
   /// The id of t's layout (see Tensor::layout_id_): equal ids mean equal layouts.
   static std::uint64_t layout_id(const Tensor& t) { return t.layout_id_; }
-  /// Gives t a new layout id (after setting any of its layout fields); counts as a leaf change.
+  /// Gives t a new layout id (after setting any of its layout fields); a leaf's counts in the
+  /// leaf epoch.
   static void renew_layout_id(Tensor& t);
-  /// Makes t, a leaf of a dict, count its layout changes in *counter (see Tensor::leaf_changes_).
-  static void set_leaf_change_counter(Tensor& t, std::atomic<std::uint64_t>* counter) {
-    // Concurrent const calls set the same counter: skip the store (and the cache-line write).
-    if (t.leaf_changes_.load(std::memory_order_relaxed) != counter)
-      t.leaf_changes_.store(counter, std::memory_order_relaxed);
+  /// Marks t as a leaf of a dict (see Tensor::is_leaf_): its layout changes count in leaf_epoch().
+  static void mark_leaf(Tensor& t) {
+    // Concurrent const calls mark the same leaves: skip the store (and the cache-line write).
+    if (!t.is_leaf_.load(std::memory_order_relaxed))
+      t.is_leaf_.store(true, std::memory_order_relaxed);
   }
+  /// Counts every layout change of a tensor object marked as a leaf, in any dict of the process:
+  /// unchanged since a read, no leaf object of any dict changed its layout since then.
+  static std::uint64_t leaf_epoch();
   /// How many tensors share t's storage (1: no other tensor can alias it).
   static long storage_use_count(const Tensor& t) { return t.storage_.use_count(); }
   /// Observes t's storage without keeping it alive (expired once no tensor holds it).
@@ -63,18 +73,6 @@ struct TensorAccess {
     return t.offset_ * static_cast<std::int64_t>(itemsize(t.dtype_));
   }
 };
-
-/// Counts every change that can invalidate a dict's cached canonical order or layout analysis,
-/// in any dict of the process: a dict version issued (structural change), a leaf's layout
-/// changed, a TensorDict moved. Unchanged since a dict's last check: nothing of it changed.
-std::atomic<std::uint64_t>& dict_epoch();
-
-/// Records a layout change of a leaf counting into `counter` (Tensor::leaf_changes_), if any.
-inline void count_leaf_change(std::atomic<std::uint64_t>* counter) {
-  if (counter == nullptr) return;
-  counter->fetch_add(1, std::memory_order_relaxed);
-  dict_epoch().fetch_add(1, std::memory_order_relaxed);
-}
 
 /// Row-major strides of a contiguous tensor of `shape`.
 Shape contiguous_strides(const Shape& shape);

@@ -14,8 +14,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -284,6 +287,60 @@ GroupContext group_context(const FileOptions& opts, std::string_view what) {
   return ctx;
 }
 
+// A save: its temporary name beside the target, and (in a group) the agreed steps. A failure
+// anywhere removes the temporary copy (rank 0's job in a group) and throws the same error on
+// every rank.
+struct Save {
+  fs::path tmp;
+  std::string what;
+  std::optional<GroupContext> ctx;  // set: a group save
+
+  // One process: runs `body`, removing the temporary copy if it throws.
+  template <class F>
+  void serial(F&& body) const {
+    try {
+      body();
+    } catch (...) {
+      detail::remove_quietly(tmp);
+      throw;
+    }
+  }
+  // One agreed step of a group save; `undo` runs on every rank before the cleanup on a failure.
+  template <class F>
+  void step(F&& body, const std::function<void()>& undo = {}) const {
+    settle(*ctx, detail::capture_error(body), what, [&] {
+      if (undo) undo();
+      if (ctx->g->rank == 0) detail::remove_quietly(tmp);
+    });
+  }
+  // Every rank names the same target, and may drop its old copy's page cache.
+  void agree_target(const fs::path& target) const {
+    settle(*ctx, detail::check_same_path(*ctx->g, target, ctx->deadline, what), what);
+  }
+  // Writes `ranges` (this rank's, disjoint from the others') into the file `path` of `bytes`
+  // bytes with collective MPI-IO: rank 0 creates it, every rank checks that it can open it, then
+  // the collective open, write, sync and close, each step agreed.
+  void collective_write(const fs::path& path, std::uint64_t bytes,
+                        std::span<const FileRange> ranges) const {
+    const int rank = ctx->g->rank;
+    step([&] {
+      if (rank == 0) CollectiveFile::create_empty(path);
+    });
+    step([&] { CollectiveFile::check_openable(path, true); });
+    std::optional<CollectiveFile> f;
+    step([&] { f.emplace(CollectiveFile::open(*ctx->g, path, true, ctx->deadline)); });
+    auto close_quietly = [&] { f.reset(); };
+    step(
+        [&] {
+          f->resize(bytes);
+          f->write(ranges);
+          f->sync();
+        },
+        close_quietly);
+    step([&] { f->close(); }, close_quietly);
+  }
+};
+
 // ---- safetensors -------------------------------------------------------------------------------
 
 struct SafetensorsPlan {
@@ -321,6 +378,12 @@ SafetensorsPlan plan_safetensors(const Manifest& m, std::string_view what) {
   }
 }
 
+// Holder p of h writes bytes [share(len, h, p), share(len, h, p + 1)) of a run of len bytes
+// (computed without overflow).
+std::uint64_t share(std::uint64_t len, std::uint64_t h, std::uint64_t p) {
+  return len / h * p + len % h * p / h;
+}
+
 // The byte ranges this rank writes: the header (rank 0), and per run of consecutive tensors with
 // the same holders, an equal share of the run's bytes for each holder.
 std::vector<FileRange> my_ranges(const Manifest& m, const SafetensorsPlan& plan,
@@ -339,12 +402,10 @@ std::vector<FileRange> my_ranges(const Manifest& m, const SafetensorsPlan& plan,
     if (me != holders.end()) {
       const std::uint64_t start = plan.header.begin[i];
       const std::uint64_t len = plan.header.begin[j - 1] + leaf_nbytes(m.leaves[j - 1]) - start;
-      // Holder p of h writes [len * p / h, len * (p + 1) / h), computed without overflow.
       const std::uint64_t h = holders.size();
       const auto p = static_cast<std::uint64_t>(me - holders.begin());
-      auto share = [&](std::uint64_t q) { return len / h * q + len % h * q / h; };
-      const std::uint64_t lo = start + share(p);
-      const std::uint64_t hi = start + share(p + 1);
+      const std::uint64_t lo = start + share(len, h, p);
+      const std::uint64_t hi = start + share(len, h, p + 1);
       for (std::size_t k = i; k < j && lo < hi; ++k) {
         const std::uint64_t b = plan.header.begin[k], e = b + leaf_nbytes(m.leaves[k]);
         const std::uint64_t x = std::max(b, lo), y = std::min(e, hi);
@@ -530,12 +591,22 @@ std::string meta_json(const DictInfo& d, const std::map<KeyPath, const LeafInfo*
   return detail::encode_memmap_meta(meta);
 }
 
-// Writes the leaves this rank writes (leaf i: holder i mod the number of holders) under `root`.
-void write_memmap_leaves(const Manifest& m, const Described& mine, int rank, const fs::path& root) {
+// In a group, a leaf held by several ranks and at least this large is written by its holders
+// together with collective MPI-IO (an equal share each); the others by one of their holders (leaf
+// i: holder i mod the number of holders) with POSIX calls, as one process writes them.
+constexpr std::uint64_t kCollectiveLeafBytes = std::uint64_t{4} << 20;
+
+bool collective_leaf(const LeafInfo& l, bool group) {
+  return group && l.holders.size() > 1 && leaf_nbytes(l) >= kCollectiveLeafBytes;
+}
+
+// Writes the leaves this rank writes alone under `root`.
+void write_memmap_leaves(const Manifest& m, const Described& mine, int rank, const fs::path& root,
+                         bool group) {
   std::vector<Tensor> keep;
   for (std::size_t i = 0; i < m.leaves.size(); ++i) {
     const LeafInfo& l = m.leaves[i];
-    if (l.holders[i % l.holders.size()] != rank) continue;
+    if (l.holders[i % l.holders.size()] != rank || collective_leaf(l, group)) continue;
     const std::uint64_t n = leaf_nbytes(l);
     if (n == 0) continue;  // tensordict writes no file for a leaf without elements
     keep.clear();
@@ -545,6 +616,28 @@ void write_memmap_leaves(const Manifest& m, const Described& mine, int rank, con
     f.write({&r, 1});
     f.sync();
     f.close();
+  }
+}
+
+// Writes the leaves a group writes together (collective_leaf), one collective file each.
+void write_shared_leaves(const Save& save, const Manifest& m, const Described& mine,
+                         const fs::path& root) {
+  const int rank = save.ctx->g->rank;
+  for (const LeafInfo& l : m.leaves) {
+    if (!collective_leaf(l, true)) continue;
+    const std::uint64_t n = leaf_nbytes(l);
+    std::vector<Tensor> keep;
+    std::vector<FileRange> ranges;
+    save.step([&] {
+      const auto me = std::find(l.holders.begin(), l.holders.end(), rank);
+      if (me == l.holders.end()) return;
+      const auto p = static_cast<std::uint64_t>(me - l.holders.begin());
+      const std::uint64_t lo = share(n, l.holders.size(), p),
+                          hi = share(n, l.holders.size(), p + 1);
+      std::byte* data = leaf_bytes(mine.tensors[static_cast<std::size_t>(l.mine)], keep);
+      if (hi > lo) ranges.push_back({lo, data + lo, hi - lo});
+    });
+    save.collective_write(memmap_path(root, l.key, true), n, ranges);
   }
 }
 
@@ -676,53 +769,35 @@ void save_safetensors(const TensorDict& dict, const fs::path& file, const FileOp
   const Gathered gathered = gather_manifests(dict, mine, opts, what);
   const Manifest& m = gathered.manifest;
   const SafetensorsPlan plan = plan_safetensors(m, what);
-  const fs::path tmp = detail::temp_path_beside(file, gathered.nonce);
+  Save save{detail::temp_path_beside(file, gathered.nonce), what, std::nullopt};
   const std::uint64_t total = plan.header.bytes.size() + plan.header.data_bytes;
   std::vector<Tensor> keep;
 
   if (!opts.group) {
-    try {
+    save.serial([&] {
       const auto ranges = my_ranges(m, plan, mine, 0, keep);
-      LocalFile f = LocalFile::create(tmp);
+      detail::drop_cached(file);
+      LocalFile f = LocalFile::create(save.tmp);
       f.write(ranges);
       f.sync();
       f.close();
-      detail::replace_file(tmp, file);
-    } catch (...) {
-      detail::remove_quietly(tmp);
-      throw;
-    }
+      detail::replace_file(save.tmp, file);
+    });
     return;
   }
 
-  const GroupContext ctx = group_context(opts, what);
-  const int rank = ctx.g->rank;
-  auto cleanup = [&] {
-    if (rank == 0) detail::remove_quietly(tmp);
-  };
+  save.ctx = group_context(opts, what);
+  save.agree_target(file);
+  const int rank = save.ctx->g->rank;
   std::vector<FileRange> ranges;
-  settle(ctx, detail::capture_error([&] { ranges = my_ranges(m, plan, mine, rank, keep); }), what);
-  std::optional<CollectiveFile> f;
-  settle(ctx, detail::capture_error([&] {
-           f.emplace(CollectiveFile::open(*ctx.g, tmp, true, ctx.deadline));
-         }),
-         what, cleanup);
-  auto fail = [&] {
-    f.reset();
-    cleanup();
-  };
-  settle(ctx, detail::capture_error([&] {
-           f->resize(total);
-           f->write(ranges);
-           f->sync();
-         }),
-         what, fail);
-  settle(ctx, detail::capture_error([&] { f->close(); }), what, fail);
-  f.reset();
-  settle(ctx, detail::capture_error([&] {
-           if (rank == 0) detail::replace_file(tmp, file);
-         }),
-         what, cleanup);
+  save.step([&] {
+    ranges = my_ranges(m, plan, mine, rank, keep);
+    detail::drop_cached(file);
+  });
+  save.collective_write(save.tmp, total, ranges);
+  save.step([&] {
+    if (rank == 0) detail::replace_file(save.tmp, file);
+  });
 }
 
 namespace {
@@ -749,8 +824,10 @@ TensorDict load_safetensors_impl(const fs::path& file, const TensorDict* like,
   }
   const std::string what = what_of("load_safetensors", file);
   const GroupContext ctx = group_context(opts, what);
+  settle(ctx, detail::check_same_path(*ctx.g, file, ctx.deadline, what), what);
   settle(ctx, detail::capture_error([&] {
            if (!fs::is_regular_file(file)) throw Error(fmt::format("{}: no such file", name));
+           CollectiveFile::check_openable(file, false);
          }),
          what);
   std::optional<CollectiveFile> f;
@@ -773,18 +850,37 @@ TensorDict load_safetensors_impl(const fs::path& file, const TensorDict* like,
            json.resize(n);
          }),
          what);
-  std::optional<Loaded> l;
   settle(ctx, detail::capture_error([&] {
            const FileRange r{8, json.data(), n};
            f->read({&r, 1});
          }),
          what);
+  std::optional<detail::SafetensorsHeader> h;
+  std::optional<Loaded> l;
   settle(ctx, detail::capture_error([&] {
-           const auto h = detail::decode_safetensors_header(json, size, name);
-           l.emplace(plan_load(h, like, name));
+           h.emplace(detail::decode_safetensors_header(json, size, name));
+           l.emplace(plan_load(*h, like, name));
          }),
          what);
-  settle(ctx, detail::capture_error([&] { f->read(l->ranges); }), what);
+  // The tensors every rank asks for are read once and broadcast (read_shared); the others by the
+  // ranks that ask for them. Every rank parsed the same header: entry i is the same everywhere.
+  std::vector<FileRange> shared, own;
+  settle(ctx, detail::capture_error([&] {
+           // Entry i of the header (sorted by offset): 1 where this rank reads it, then AND.
+           std::vector<std::uint8_t> wanted(h->entries.size(), 0);
+           auto entry_of = [&](const FileRange& r) {
+             const std::uint64_t begin = r.offset - h->data_start;
+             const auto it = std::lower_bound(
+                 h->entries.begin(), h->entries.end(), begin,
+                 [](const detail::SafetensorsEntry& e, std::uint64_t b) { return e.begin < b; });
+             return static_cast<std::size_t>(it - h->entries.begin());
+           };
+           for (const auto& r : l->ranges) wanted[entry_of(r)] = 1;
+           detail::and_over_ranks(*ctx.g, wanted, ctx.deadline, what);
+           for (const auto& r : l->ranges) (wanted[entry_of(r)] != 0 ? shared : own).push_back(r);
+         }),
+         what);
+  settle(ctx, detail::capture_error([&] { f->read_shared(shared, own); }), what);
   settle(ctx, detail::capture_error([&] { f->close(); }), what);
   return std::move(l->dict);
 }
@@ -805,43 +901,37 @@ void save_memmap(const TensorDict& dict, const fs::path& dir, const FileOptions&
   const Gathered gathered = gather_manifests(dict, mine, opts, what);
   const Manifest& m = gathered.manifest;
   check_memmap(m, what);
-  const fs::path tmp = detail::temp_path_beside(dir, gathered.nonce);
+  Save save{detail::temp_path_beside(dir, gathered.nonce), what, std::nullopt};
   if (!opts.group) {
-    try {
-      write_memmap_dirs(m, tmp);
-      write_memmap_leaves(m, mine, 0, tmp);
-      write_memmap_meta(m, tmp);
-      detail::replace_directory(tmp, dir);
-    } catch (...) {
-      detail::remove_quietly(tmp);
-      throw;
-    }
+    save.serial([&] {
+      write_memmap_dirs(m, save.tmp);
+      write_memmap_leaves(m, mine, 0, save.tmp, false);
+      write_memmap_meta(m, save.tmp);
+      detail::replace_directory(save.tmp, dir);
+    });
     return;
   }
-  const GroupContext ctx = group_context(opts, what);
-  const int rank = ctx.g->rank;
-  auto cleanup = [&] {
-    if (rank == 0) detail::remove_quietly(tmp);
-  };
-  settle(ctx, detail::capture_error([&] {
-           if (rank == 0) write_memmap_dirs(m, tmp);
-         }),
-         what, cleanup);
-  settle(ctx, detail::capture_error([&] { write_memmap_leaves(m, mine, rank, tmp); }), what,
-         cleanup);
-  settle(ctx, detail::capture_error([&] {
-           if (rank == 0) {
-             write_memmap_meta(m, tmp);
-             detail::replace_directory(tmp, dir);
-           }
-         }),
-         what, cleanup);
+  save.ctx = group_context(opts, what);
+  save.agree_target(dir);
+  const int rank = save.ctx->g->rank;
+  save.step([&] {
+    if (rank == 0) write_memmap_dirs(m, save.tmp);
+  });
+  save.step([&] { write_memmap_leaves(m, mine, rank, save.tmp, true); });
+  write_shared_leaves(save, m, mine, save.tmp);
+  save.step([&] {
+    if (rank == 0) {
+      write_memmap_meta(m, save.tmp);
+      detail::replace_directory(save.tmp, dir);
+    }
+  });
 }
 
 TensorDict load_memmap(const fs::path& dir, const FileOptions& opts) {
   if (!opts.group) return read_memmap(dir);
   const std::string what = what_of("load_memmap", dir);
   const GroupContext ctx = group_context(opts, what);
+  settle(ctx, detail::check_same_path(*ctx.g, dir, ctx.deadline, what), what);
   TensorDict out;
   settle(ctx, detail::capture_error([&] { out = read_memmap(dir); }), what);
   return out;

@@ -222,7 +222,7 @@ Work finish_start(const std::shared_ptr<WorkState>& st, const CollectiveOptions&
     return Work();
   }
   detail::progress_add(st);
-  return Work(st);
+  return detail::WorkAccess::wrap(st);
 }
 
 // A transfer under way: its peer, its leaves, and its Work holding the handshake's two buffers
@@ -252,6 +252,18 @@ TransferState begin_transfer(std::span<const LeafRef> leaves, int peer, std::str
   return t;
 }
 
+// The call in the flight recorder (point to point's own sequence numbers), its Works counted.
+detail::CallScope p2p_call(std::span<const LeafRef> leaves, int peer, std::string_view what,
+                           const CollectiveOptions& opts) {
+  const std::string first_key = leaves.empty() ? std::string() : leaves[0].key->str();
+  detail::CallSummary s;
+  s.first_key = first_key;
+  s.leaves = leaves.size();
+  s.root = peer;
+  s.async = opts.async_op;
+  return detail::CallScope(*detail::group_of(opts), what, detail::CallKind::PointToPoint, s);
+}
+
 // The handshake said no (a layout difference, or a side that could not take part and offered
 // fingerprint 0): both sides swap their layouts and throw the error naming the first difference.
 void reject(WorkState& w, const std::shared_ptr<Transfer>& x, const Peer& p, bool sending) {
@@ -276,6 +288,7 @@ Work start_send(std::span<const LeafRef> leaves, int dst, const CollectiveOption
   // Every argument is checked before start_peer_call takes this call's tag block, so a bad
   // call changes nothing and a corrected retry pairs with the receiver's pending recv.
   const std::uint64_t cap = cap_of(opts, from_dict, what);
+  const detail::CallScope call = p2p_call(leaves, dst, what, opts);
   TransferState t =
       begin_transfer(leaves, dst, what, /*sending=*/true, opts, std::move(local_error));
   const Peer& p = t.p;
@@ -296,6 +309,7 @@ Work start_send(std::span<const LeafRef> leaves, int dst, const CollectiveOption
 
 Work start_recv(std::span<const LeafRef> leaves, int src, const CollectiveOptions& opts,
                 std::string_view what, std::string local_error = {}) {
+  const detail::CallScope call = p2p_call(leaves, src, what, opts);
   TransferState t =
       begin_transfer(leaves, src, what, /*sending=*/false, opts, std::move(local_error));
   const Peer& p = t.p;

@@ -137,10 +137,17 @@ std::vector<Work> run_collective(std::span<const LeafRef> leaves, const Collecti
   }
   // Async or compressed: one BucketRunner loop; the sync uncompressed path below keeps its one
   // reused pack buffer (or the consolidated spans).
-  if (opts.async_op || opts.compression != Compression::None) {
+  // Node-aware (sync too): the same loop, its buckets' stages pipelined as async Works; a sync
+  // call waits for them here.
+  const bool nodes = node_aware(*g);
+  if (opts.async_op || opts.compression != Compression::None || nodes) {
     std::optional<DType> wire;
     if (opts.compression != Compression::None) wire = wire_dtype(opts.compression);
-    return run_buckets(*plan, leaves, call, g, deadline, opts.async_op, wire);
+    std::vector<Work> works =
+        run_buckets(*plan, leaves, call, g, deadline, opts.async_op || nodes, wire);
+    if (opts.async_op) return works;
+    for (Work& w : works) w.wait();
+    return {};
   }
   const BlockingPhase watched(deadline, describe);
   if (spans) {
@@ -161,6 +168,11 @@ std::vector<Work> run_collective(std::span<const LeafRef> leaves, const Collecti
 namespace td {
 
 // ---- the public entry points -----------------------------------------------------------------
+
+const CollectiveOptions& detail::default_collective_options() {
+  static const CollectiveOptions kDefaults{};
+  return kDefaults;
+}
 
 namespace {
 std::vector<Work> run_on_tensor(Tensor& t, const detail::CollectiveCall& call,
@@ -208,6 +220,30 @@ std::vector<Work> TensorDict::broadcast(int src, const CollectiveOptions& opts) 
   return run_on_dict(
       *this, {detail::CollectiveKind::Broadcast, ReduceOp::SUM, src, "TensorDict.broadcast", true},
       opts);
+}
+
+// Agreed like every collective: a rank in barrier while the others are in another collective
+// of the group is a LayoutMismatchError on every rank ("ranks called different collectives"),
+// where a bare MPI_Ibarrier could complete against the others' collective and let it go on
+// with wrong data.
+void barrier(const std::optional<ProcessGroup>& group) {
+  CollectiveOptions opts;
+  opts.group = group;
+  const auto prepared = detail::prepare_collective(
+      {},
+      detail::CollectiveCall{detail::CollectiveKind::Barrier, ReduceOp::SUM, 0, "barrier", false},
+      opts);
+  const detail::GroupState& g = *prepared.group;
+  const auto timeout = detail::timeout_of(opts);
+  detail::Step step(
+      prepared.deadline,
+      [&] {
+        return fmt::format("barrier of a group of {} ranks did not complete within {} ms", g.size,
+                           timeout.count());
+      },
+      {}, "barrier");
+  step.post(detail::barrier_call(g.comm));
+  step.wait();
 }
 
 }  // namespace td

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -138,7 +139,28 @@ struct Reducer::Impl {
   bool step_on_thread = false;
   std::string layout_error;  // a layout change found in this step: finish() throws it
   std::string failure;       // a failed finish(): every later call throws it
-  std::uint64_t generation = 0, stamp = 0;
+  // The step in the flight recorder: a call on `lane` from the step's first mark_ready (or
+  // finish) to the end of finish().
+  detail::CallRef step_ref;
+  std::string first_key;  // of the summary below
+  detail::CallSummary step_summary;
+
+  void record_step() {
+    if (step_summary.bytes == 0)
+      for (const Bucket& b : buckets) {
+        step_summary.bytes += b.nbytes;
+        step_summary.dtype_mask |= 1u << static_cast<unsigned>(b.dtype);
+      }
+    step_ref = detail::begin_step(*lane, step_summary);
+  }
+  void end_record(bool ok) {
+    detail::end_step(step_ref, ok);
+    step_ref = {};
+  }
+  // What the dict's leaves were when last found to be the bucket views: the order's generation
+  // and the leaves' versions (the bucket storages' counters, one load each per check).
+  std::uint64_t generation = 0;
+  detail::LeafVersions versions;
   std::vector<std::shared_ptr<detail::WorkState>> launched;  // by this call (capacity reserved)
   // uneven_inputs (DDP's Join): every step starts with `flag`, a one-int32 SUM bucket holding
   // this rank's vote (1: it runs the step, 0: it has joined), posted on the lane before the
@@ -212,12 +234,11 @@ struct Reducer::Impl {
       return e.what();
     }
     const std::uint64_t gen = detail::DictAccess::canonical_generation(*dict);
-    const std::uint64_t st = detail::DictAccess::leaf_stamp(*dict);
-    if (gen == generation && st == stamp) return {};
+    if (gen == generation && versions.same_layouts(refs)) return {};
     std::string err = compare_leaves(refs);
     if (err.empty()) {
       generation = gen;
-      stamp = st;
+      versions.record(refs);
     }
     return err;
   }
@@ -245,9 +266,13 @@ struct Reducer::Impl {
 
   void begin_step() {
     in_step = true;
+    record_step();
     step_on_thread = async_progress_enabled();
     layout_error = find_layout_change();
-    if (uneven) launch_flag(1);
+    if (uneven) {
+      const detail::StepScope inside(step_ref);
+      launch_flag(1);
+    }
   }
 
   // Posts this rank's vote for the next step (see `flag`).
@@ -270,6 +295,7 @@ struct Reducer::Impl {
     auto st = std::make_shared<detail::WorkState>();
     st->deadline = detail::deadline_after(timeout);
     st->describe = [d = bk.describe] { return d; };
+    st->keep_alive.reserve(2);  // no reallocation: moving a tensor counts in its storage's version
     st->keep_alive.push_back(bk.storage);
     const detail::CollectiveCall call{detail::CollectiveKind::AllReduce, bucket_op, 0, "Reducer",
                                       true};
@@ -286,7 +312,7 @@ struct Reducer::Impl {
     st->finish = [ib, size] { ib.finish(size, [](const std::byte*) {}); };
     auto post = [ib, call, size, l = lane, max = max_message_bytes](detail::WorkState& s) {
       if (ib.squeeze) ib.compress_into_wire(call, size);
-      ib.start(call, *l, max, &s.requests);
+      ib.post(call, l, max, s);
     };
     if (step_on_thread) {
       st->then = std::move(post);
@@ -449,6 +475,11 @@ Reducer::Reducer(TensorDict& grads, ReducerOptions opts) : impl_(std::make_uniqu
   m.group = prepared.group;
   // After the agreement (every rank got here, or every rank threw): a collective call.
   m.lane = detail::duplicate_group(*m.group, call_name);
+  m.first_key = in.leaves.empty() ? std::string() : in.leaves[0].key->str();
+  m.step_summary.first_key = m.first_key;
+  m.step_summary.leaves = in.leaves.size();
+  m.step_summary.reduce_op = static_cast<int>(opts.op);
+  m.step_summary.async = true;
   m.timeout = detail::timeout_of(copts);
   m.max_message_bytes = prepared.plan->max_message_bytes;
   const std::size_t cap = prepared.plan->cap.value_or(kAutoBucketBytes);
@@ -543,7 +574,7 @@ Reducer::Reducer(TensorDict& grads, ReducerOptions opts) : impl_(std::make_uniqu
     if (l.bucket != kNoBucket) l.data = detail::TensorAccess::data(t, itemsize(t.dtype()));
   }
   m.generation = detail::DictAccess::canonical_generation(grads);
-  m.stamp = detail::DictAccess::leaf_stamp(grads);
+  m.versions.record(refs);
 }
 
 Reducer::Reducer(TensorDict owned, std::function<TensorDict()> current, ReducerOptions opts)
@@ -579,6 +610,7 @@ void Reducer::mark_ready(const Key& key) {
           "per step; was finish() skipped after the previous backward pass?)",
           m.leaves[i].key.str()));
   if (!m.in_step) m.begin_step();
+  const detail::StepScope inside(m.step_ref);
   for (std::size_t i : it->second) {
     Impl::Leaf& l = m.leaves[i];
     l.ready = true;
@@ -595,6 +627,7 @@ void Reducer::finish() {
   } else if (m.layout_error.empty()) {
     m.layout_error = m.find_layout_change();
   }
+  std::optional<detail::StepScope> inside(std::in_place, m.step_ref);
   // Every rank launches every bucket, in order, whatever it found: a rank that stopped here
   // alone would leave the others waiting for its buckets until their timeout.
   std::string error;
@@ -615,6 +648,8 @@ void Reducer::finish() {
   if (!m.old_storage.empty()) m.warn_stale_handles();
   const std::string layout_error = m.layout_error;
   m.reset_step();
+  inside.reset();
+  m.end_record(!first && error.empty() && layout_error.empty());
   if (first) {
     m.failure = error;
     std::rethrow_exception(first);
@@ -649,18 +684,25 @@ void Reducer::join() {
   for (;;) {
     // The flag and the shadowed step's buckets go the same way (see Impl::step_on_thread).
     m.step_on_thread = async_progress_enabled();
+    m.record_step();  // the step this rank shadows (or the last vote, when all have joined)
     try {
+      const detail::StepScope inside(m.step_ref);
       m.launch_flag(0);
       m.flag.work->wait();
     } catch (const std::exception& e) {
       m.failure = e.what();
       m.reset_step();
+      m.end_record(false);
       throw;
     }
     const std::int32_t running = m.flag.storage.data<std::int32_t>()[0];
     m.flag.work.reset();
-    if (running == 0) break;
-    // Shadow the step the others run: the same buckets, in the same order, holding zeros.
+    if (running == 0) {
+      m.end_record(true);
+      break;
+    }
+    // Shadow the step the others run: the same buckets, in the same order, holding zeros
+    // (finish() ends the step's record).
     for (auto& b : m.buckets) b.storage.zero_();
     m.in_step = true;
     finish();

@@ -34,6 +34,7 @@
 #include "comm/collective_engine.hpp"
 #include "comm/dict_wire.hpp"
 #include "comm/tail_guard.hpp"
+#include "runtime/flight_recorder.hpp"
 
 namespace td {
 
@@ -225,6 +226,7 @@ std::string option_error(const CollectiveOptions& opts) {
 struct Agreed {
   std::shared_ptr<detail::GroupState> group;
   Clock::time_point deadline;
+  detail::CallScope scope;  // the call's sequence number, held until it returns
 };
 
 // Step 1: the call (name, root), the options and every rank's local error, agreed on no leaves.
@@ -233,7 +235,7 @@ Agreed agree_call(CollectiveKind kind, int root, std::string_view what,
   auto prepared = detail::prepare_collective(
       {}, CollectiveCall{kind, ReduceOp::SUM, root, what, /*from_dict=*/false}, opts,
       std::move(err));
-  return {std::move(prepared.group), prepared.deadline};
+  return {std::move(prepared.group), prepared.deadline, std::move(prepared.scope)};
 }
 
 // A peer's size record, checked the same way on every rank that holds it.
@@ -523,6 +525,13 @@ Peer peer_of(int peer, std::string_view what, std::string_view role, const Colle
   return p;
 }
 
+// The flight recorder's summary of a point-to-point transport call: its peer.
+detail::CallSummary peer_summary(int peer) {
+  detail::CallSummary s;
+  s.root = peer;
+  return s;
+}
+
 [[noreturn]] void throw_kind(std::uint64_t kind, const std::string& msg) {
   if (kind == kBadArgument) throw std::invalid_argument(msg);
   throw Error(msg);
@@ -771,6 +780,7 @@ void send_dict(const TensorDict& value, int dst, const CollectiveOptions& opts) 
   constexpr std::string_view what = "td.send_dict";
   std::string err;
   const Peer p = peer_of(dst, what, "dst", opts, err);
+  const detail::CallScope call(*p.g, what, detail::CallKind::PointToPoint, peer_summary(dst));
   std::optional<Outgoing> out;
   if (err.empty()) out = try_outgoing(value, "value", err);
   auto hold = std::make_shared<Hold>();
@@ -831,6 +841,7 @@ TensorDict recv_dict(int src, const CollectiveOptions& opts) {
   constexpr std::string_view what = "td.recv_dict";
   std::string err;
   const Peer p = peer_of(src, what, "src", opts, err);
+  const detail::CallScope call(*p.g, what, detail::CallKind::PointToPoint, peer_summary(src));
   auto hold = std::make_shared<Hold>();
   const std::function<std::string()> describe = [&] {
     return fmt::format("{} from rank {} in a group of {} ranks", what, src, p.g->size);

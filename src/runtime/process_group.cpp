@@ -13,6 +13,8 @@
 
 #include "core/config.hpp"
 #include "core/storage_pool.hpp"
+#include "runtime/diagnosis.hpp"
+#include "runtime/flight_recorder.hpp"
 #include "runtime/log.hpp"
 #include "runtime/runtime.hpp"
 #include "tensordict/errors.hpp"
@@ -40,7 +42,18 @@ bool mpi_finalized() {
 }  // namespace
 
 GroupState::~GroupState() {
-  if (comm != MPI_COMM_NULL && !mpi_finalized()) MPI_Comm_free(&comm);
+  if (mpi_finalized()) return;
+  for (MPI_Comm* c : {&nodes.within, &nodes.within2, &nodes.leaders, &comm})
+    if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+}
+
+bool node_aware(const GroupState& g) {
+  // Off unless asked: measured across 2 hosts x 2 ranks at 1 Gbit/s (docs/cluster.md), the
+  // node-aware path is faster for bucketed dicts but several times slower for one large message
+  // (a consolidated dict, one tensor), so the automatic choice is opt-in (TD_HIERARCHICAL=auto).
+  const int mode = config().hierarchical;
+  if (mode != 2) return mode == 1;
+  return g.nodes.nodes > 1 && g.nodes.largest > 1;
 }
 
 MPI_Comm GroupState::checked_comm(std::string_view what) const {
@@ -58,6 +71,56 @@ MPI_Comm GroupState::checked_comm(std::string_view what) const {
 }
 
 namespace {
+
+// The simulated node of a world rank under TD_TEST_RANKS_PER_NODE (sizes, the last repeating).
+int test_node_of(int world_rank, const std::vector<int>& sizes) {
+  int node = 0;
+  for (int first = 0;; ++node) {
+    const int n = sizes[std::min(static_cast<std::size_t>(node), sizes.size() - 1)];
+    if (world_rank < first + n) return node;
+    first += n;
+  }
+}
+
+// Splits the group's communicator by node, once, as it is made: collective over the group like
+// the communicator itself, and done whatever TD_HIERARCHICAL says, so that ranks that disagree on
+// it still make the same calls here and reach the agreement, which reports it.
+void split_by_node(GroupState& g) {
+  NodeSplit& n = g.nodes;
+  const std::vector<int>& sizes = config().test_node_sizes;
+  if (sizes.empty()) {
+    TD_MPI_CHECK(
+        MPI_Comm_split_type(g.comm, MPI_COMM_TYPE_SHARED, g.rank, MPI_INFO_NULL, &n.within));
+  } else {
+    const int world_rank = g.world_ranks[static_cast<std::size_t>(g.rank)];
+    TD_MPI_CHECK(MPI_Comm_split(g.comm, test_node_of(world_rank, sizes), g.rank, &n.within));
+  }
+  TD_MPI_CHECK(MPI_Comm_set_errhandler(n.within, MPI_ERRORS_RETURN));
+  TD_MPI_CHECK(MPI_Comm_dup(n.within, &n.within2));
+  TD_MPI_CHECK(MPI_Comm_rank(n.within, &n.local_rank));
+  TD_MPI_CHECK(MPI_Comm_split(g.comm, n.local_rank == 0 ? 0 : MPI_UNDEFINED, g.rank, &n.leaders));
+  int node = 0;
+  if (n.leaders != MPI_COMM_NULL) {
+    TD_MPI_CHECK(MPI_Comm_set_errhandler(n.leaders, MPI_ERRORS_RETURN));
+    TD_MPI_CHECK(MPI_Comm_rank(n.leaders, &node));
+  }
+  TD_MPI_CHECK(MPI_Bcast(&node, 1, MPI_INT, 0, n.within));
+  std::vector<int> mine = {node, n.local_rank};
+  std::vector<int> all(2 * static_cast<std::size_t>(g.size));
+  TD_MPI_CHECK(MPI_Allgather(mine.data(), 2, MPI_INT, all.data(), 2, MPI_INT, g.comm));
+  n.node_of.resize(static_cast<std::size_t>(g.size));
+  n.local_of.resize(static_cast<std::size_t>(g.size));
+  std::vector<int> per_node(static_cast<std::size_t>(g.size), 0);
+  for (std::size_t r = 0; r < n.node_of.size(); ++r) {
+    n.node_of[r] = all[2 * r];
+    n.local_of[r] = all[2 * r + 1];
+    ++per_node[static_cast<std::size_t>(n.node_of[r])];
+  }
+  n.nodes = static_cast<int>(
+      std::count_if(per_node.begin(), per_node.end(), [](int c) { return c > 0; }));
+  n.largest = *std::max_element(per_node.begin(), per_node.end());
+}
+
 struct Runtime {
   bool initialized = false;
   bool we_initialized_mpi = false;
@@ -71,10 +134,12 @@ Runtime& runtime() {
 }
 
 std::shared_ptr<GroupState> make_group(MPI_Comm parent, MPI_Group members,
-                                       std::vector<int> world_ranks) {
+                                       std::vector<int> world_ranks, const GroupState* from,
+                                       std::string_view what) {
   auto g = std::make_shared<GroupState>();
   g->world_ranks = std::move(world_ranks);
   g->size = static_cast<int>(g->world_ranks.size());
+  register_group(g, from, what);
   MPI_Comm comm = MPI_COMM_NULL;
   if (members == MPI_GROUP_NULL) {
     TD_MPI_CHECK(MPI_Comm_dup(parent, &comm));
@@ -90,6 +155,8 @@ std::shared_ptr<GroupState> make_group(MPI_Comm parent, MPI_Group members,
     int flag = 0;
     TD_MPI_CHECK(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, static_cast<void*>(&tag_ub), &flag));
     g->tags.emplace(flag && tag_ub ? *tag_ub : 32767);
+    g->comm = comm;
+    split_by_node(*g);
   }
   g->comm = comm;
   auto& groups = runtime().groups;
@@ -138,7 +205,8 @@ void init_impl(int* argc, char*** argv, const InitOptions& options) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   std::vector<int> all(static_cast<std::size_t>(size));
   for (int i = 0; i < size; ++i) all[static_cast<std::size_t>(i)] = i;
-  rt.world = make_group(MPI_COMM_WORLD, MPI_GROUP_NULL, std::move(all));
+  rt.world = make_group(MPI_COMM_WORLD, MPI_GROUP_NULL, std::move(all), nullptr, {});
+  diagnosis_start();
   rt.initialized = true;
   // Once per job (rank 0): every rank of a job launched alike made the same choice.
   log_info_once(rt.world->rank, [&] {
@@ -157,11 +225,11 @@ void init_impl(int* argc, char*** argv, const InitOptions& options) {
 }  // namespace
 
 std::shared_ptr<GroupState> duplicate_group(const GroupState& g, std::string_view what) {
-  return make_group(g.checked_comm(what), MPI_GROUP_NULL, g.world_ranks);
+  return make_group(g.checked_comm(what), MPI_GROUP_NULL, g.world_ranks, &g, what);
 }
 
 std::shared_ptr<GroupState> group_of(const CollectiveOptions& opts) {
-  if (opts.group) return opts.group->state();
+  if (opts.group) return GroupAccess::state(*opts.group);
   if (!runtime().initialized)
     throw Error("td: call td::init_process_group() before any collective");
   return runtime().world;
@@ -181,7 +249,6 @@ int ProcessGroup::size() const { return state_->size; }
 MPI_Comm ProcessGroup::comm() const { return state_->destroyed ? MPI_COMM_NULL : state_->comm; }
 bool ProcessGroup::is_member() const { return state_->comm != MPI_COMM_NULL; }
 const std::vector<int>& ProcessGroup::world_ranks() const { return state_->world_ranks; }
-const std::shared_ptr<detail::GroupState>& ProcessGroup::state() const { return state_; }
 
 void init_process_group(const InitOptions& options) {
   detail::init_impl(nullptr, nullptr, options);
@@ -202,6 +269,14 @@ void destroy_process_group() {
   detail::progress_settle_all(
       "destroy_process_group() ran while this operation was pending and it did not complete");
   detail::progress_stop();
+  detail::diagnosis_stop();
+  // The flight recorder's own cost, by its own timer (docs/reliability.md).
+  detail::log_info([] {
+    const detail::RecorderCost c = detail::recorder_cost();
+    return fmt::format("flight recorder: {} calls recorded, {:.0f} ns per call in the recorder",
+                       c.calls,
+                       c.calls ? static_cast<double>(c.ns) / static_cast<double>(c.calls) : 0.0);
+  });
   int finalized = 0;
   MPI_Finalized(&finalized);
   for (auto& weak : rt.groups) {
@@ -230,7 +305,7 @@ void destroy_process_group() {
 
 ProcessGroup world() {
   if (!runtime().initialized) throw Error("td::world(): call td::init_process_group() first");
-  return ProcessGroup(runtime().world);
+  return detail::GroupAccess::wrap(runtime().world);
 }
 
 ProcessGroup new_group(const std::vector<int>& world_ranks) {
@@ -253,7 +328,7 @@ ProcessGroup new_group(const std::vector<int>& world_ranks) {
                               &members));
   std::shared_ptr<detail::GroupState> g;
   try {
-    g = detail::make_group(runtime().world->comm, members, world_ranks);
+    g = detail::make_group(runtime().world->comm, members, world_ranks, runtime().world.get(), {});
   } catch (...) {
     MPI_Group_free(&members);
     MPI_Group_free(&world_group);
@@ -261,26 +336,12 @@ ProcessGroup new_group(const std::vector<int>& world_ranks) {
   }
   MPI_Group_free(&members);
   MPI_Group_free(&world_group);
-  return ProcessGroup(std::move(g));
+  return detail::GroupAccess::wrap(std::move(g));
 }
 
 int get_rank() { return world().rank(); }
 int get_world_size() { return world().size(); }
 std::chrono::milliseconds default_timeout() { return runtime().timeout; }
-
-void barrier(const std::optional<ProcessGroup>& group) {
-  CollectiveOptions opts;
-  opts.group = group;
-  auto g = detail::group_of(opts);
-  MPI_Comm comm = g->checked_comm("barrier");
-  MPI_Request req = MPI_REQUEST_NULL;
-  TD_MPI_CHECK(MPI_Ibarrier(comm, &req));
-  const auto timeout = detail::timeout_of(opts);
-  detail::wait_until(req, detail::deadline_after(timeout), [&] {
-    return fmt::format("barrier of a group of {} ranks did not complete within {} ms", g->size,
-                       timeout.count());
-  });
-}
 
 void abort(const std::string& message, int exit_code) {
   int rank = -1, initialized = 0, finalized = 0;
@@ -289,6 +350,7 @@ void abort(const std::string& message, int exit_code) {
   if (initialized && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   std::fprintf(stderr, "[td rank %d] aborting the job: %s\n", rank, message.c_str());
   std::fflush(stderr);
+  detail::dump_to_dir(fmt::format("td::abort: {}", message));
   if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, exit_code);
   std::_Exit(exit_code);
 }

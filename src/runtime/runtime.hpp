@@ -16,6 +16,7 @@
 #include <mpi.h>
 
 #include "core/tensor_internal.hpp"
+#include "runtime/flight_recorder.hpp"
 #include "runtime/tags.hpp"
 #include "tensordict/bucket_plan.hpp"
 #include "tensordict/collectives.hpp"
@@ -39,6 +40,26 @@ struct TunedBuckets {
   std::size_t direct_bytes = 0;
 };
 
+/// A group split by node (MPI_COMM_TYPE_SHARED, or TD_TEST_RANKS_PER_NODE's simulated nodes),
+/// made once with the group: the communicators of the node-aware strategy of all_reduce / reduce
+/// / broadcast (comm/runner.cpp) and the order its stages are posted in.
+struct NodeSplit {
+  MPI_Comm within = MPI_COMM_NULL;   // this rank's node: the first stage (reduce, or broadcast)
+  MPI_Comm within2 = MPI_COMM_NULL;  // a duplicate of `within`: the last stage (broadcast)
+  MPI_Comm leaders = MPI_COMM_NULL;  // rank 0 of every node (MPI_COMM_NULL elsewhere)
+  int local_rank = 0;                // in `within`: by group rank, so the node's lowest is 0
+  int nodes = 1;
+  int largest = 1;            // ranks on the fullest node
+  std::vector<int> node_of;   // per group rank: its node (its leader's rank in `leaders`)
+  std::vector<int> local_of;  // per group rank: its rank on its node
+  // Stage s of every node-aware message is posted in the order the messages started (tickets
+  // drawn when they start), whichever thread posts it: the ranks of a communicator must post
+  // its collectives in one order, and a message's later stages are posted when its earlier ones
+  // complete, which happens in different orders on different ranks.
+  std::atomic<std::uint64_t> drawn[3] = {0, 0, 0};
+  std::atomic<std::uint64_t> posted[3] = {0, 0, 0};
+};
+
 /// Shared state of one process group: its communicator and what is cached per group.
 struct GroupState {
   MPI_Comm comm = MPI_COMM_NULL;  // our own duplicate; MPI_COMM_NULL on non-members
@@ -46,6 +67,12 @@ struct GroupState {
   int size = 0;
   std::vector<int> world_ranks;
   bool destroyed = false;  // destroy_process_group ran; any use throws
+  // The flight recorder's identity of the group, the same on every member
+  // (runtime/flight_recorder.hpp), and its sequence numbers: the last drawn.
+  std::uint64_t id = 0;
+  std::string name;
+  std::atomic<std::uint64_t> seq{0};      // collectives, transport, barrier, Reducer steps
+  std::atomic<std::uint64_t> p2p_seq{0};  // point to point
 
   std::mutex mu;  // guards the caches below
   std::unordered_map<std::uint64_t, std::shared_ptr<const BucketPlan>> plans;  // by layout+cap
@@ -53,6 +80,7 @@ struct GroupState {
   std::optional<TunedBuckets> tuned;  // kAutoBucketBytes resolved on this group
   std::shared_ptr<Storage> scratch;   // reused pack buffer of sync calls
   std::optional<TagSpace> tags;       // point to point and transport (members only)
+  NodeSplit nodes;                    // members only
 
   GroupState() = default;
   GroupState(const GroupState&) = delete;
@@ -62,6 +90,20 @@ struct GroupState {
   /// The communicator for a collective named `what`; throws if not a member or destroyed.
   MPI_Comm checked_comm(std::string_view what) const;
 };
+
+/// What the library reads of a ProcessGroup, and how it makes one (the public class hides both).
+struct GroupAccess {
+  static ProcessGroup wrap(std::shared_ptr<GroupState> state) {
+    return ProcessGroup(std::move(state));
+  }
+  static const std::shared_ptr<GroupState>& state(const ProcessGroup& group) {
+    return group.state_;
+  }
+};
+
+/// Whether all_reduce / reduce / broadcast on `g` run node-aware: TD_HIERARCHICAL, else whether
+/// the group spans several nodes with more than one of its ranks on some node.
+bool node_aware(const GroupState& g);
 
 /// The group of a call's options (world() by default).
 std::shared_ptr<GroupState> group_of(const CollectiveOptions& opts);
@@ -121,6 +163,8 @@ void check_received(const MPI_Status& status, MPI_Datatype type, int expected, i
 /// A pending operation: its MPI requests and everything they touch, and what to do once done.
 class WorkState {
  public:
+  /// Of the call the calling thread is in (its flight-recorder entry counts the operation).
+  WorkState();
   std::vector<MPI_Request> requests;
   std::function<void()> finish;  // runs once after every request completed
   // A next phase, if any: runs (under the state's lock) once every request completed, may post
@@ -143,6 +187,7 @@ class WorkState {
   };
   std::vector<ReceiveCheck> receive_checks;  // cleared with `requests` at each phase
   std::string what;                          // the operation's name, for the checks' errors
+  CallRef call;                              // the call it belongs to (sequence number)
 
   /// Tests the requests (non-blocking); runs finish() once all completed.
   bool test();
@@ -174,6 +219,11 @@ class WorkState {
   Status status_ = Status::Pending;
   std::exception_ptr error_;
   bool timed_out_ = false;
+};
+
+/// How the library hands out a pending operation as a td::Work (whose constructor is hidden).
+struct WorkAccess {
+  static Work wrap(std::shared_ptr<WorkState> state) { return Work(std::move(state)); }
 };
 
 }  // namespace td::detail

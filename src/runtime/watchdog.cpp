@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "runtime/diagnosis.hpp"
 #include "runtime/runtime.hpp"
 #include "tensordict/process_group.hpp"
 
@@ -34,13 +35,14 @@ constexpr std::chrono::milliseconds kPoll{200};
 
 class Watchdog {
  public:
-  std::uint64_t arm(Clock::time_point deadline, const std::function<std::string()>* describe) {
+  std::uint64_t arm(Clock::time_point deadline, const std::function<std::string()>* describe,
+                    const CallRef& call) {
     std::lock_guard lock(mu_);
     if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
     const std::uint64_t id = next_id_++;
     // No notify: the thread looks again within kPoll anyway, and waking it on every call would
     // cost a context switch per collective on a machine whose cores MPI is using.
-    active_.push_back({id, deadline, describe});
+    active_.push_back({id, deadline, describe, call});
     return id;
   }
 
@@ -63,6 +65,7 @@ class Watchdog {
     std::uint64_t id;
     Clock::time_point deadline;
     const std::function<std::string()>* describe;
+    CallRef call;  // of the blocked thread, for the diagnosis
   };
 
   void loop() {
@@ -86,11 +89,15 @@ class Watchdog {
       // The caller is still blocked inside MPI (its entry is still armed, and describe() lives
       // in its frame until it disarms under this lock).
       const std::string what = (*first->describe)();
-      end_job(what);
+      const CallRef call = first->call;
+      // The diagnosis asks the other ranks (up to TD_DIAGNOSIS_MS) without this lock: the
+      // blocked thread stays blocked either way, others may arm and disarm meanwhile.
+      lock.unlock();
+      end_job(what, diagnosis_report(call));
     }
   }
 
-  [[noreturn]] static void end_job(const std::string& what) {
+  [[noreturn]] static void end_job(const std::string& what, const std::string& diagnosis) {
     // MPI_Abort normally ends every process of the job; if it cannot (the peer that broke the
     // collective may also be the one that cannot be reached), end this process regardless.
     std::thread([] {
@@ -102,8 +109,8 @@ class Watchdog {
     }).detach();
     td::abort(fmt::format("td::TimeoutError: {} did not complete before its timeout, inside a "
                           "blocking MPI call that cannot be interrupted (a peer lost or stalled "
-                          "in the data phase); the watchdog ends the job",
-                          what),
+                          "in the data phase); the watchdog ends the job{}{}",
+                          what, diagnosis.empty() ? "" : ". ", diagnosis),
               1);
   }
 
@@ -132,7 +139,7 @@ bool is_unbounded(Clock::time_point deadline) { return deadline - Clock::now() >
 
 BlockingPhase::BlockingPhase(Clock::time_point deadline,
                              const std::function<std::string()>& describe) {
-  if (!is_unbounded(deadline)) id_ = watchdog().arm(deadline, &describe);
+  if (!is_unbounded(deadline)) id_ = watchdog().arm(deadline, &describe, current_call());
 }
 
 BlockingPhase::~BlockingPhase() {

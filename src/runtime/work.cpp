@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "runtime/diagnosis.hpp"
 #include "runtime/log.hpp"
 #include "runtime/runtime.hpp"
 
@@ -67,13 +68,16 @@ void wait_until(MPI_Request& req, std::chrono::steady_clock::time_point deadline
       leak(std::move(buffers));
       const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
           std::chrono::steady_clock::now() - start);
-      throw TimeoutError(
+      throw timeout_error(
+          current_call(),
           fmt::format("{} (waited {} ms); the communicator is no longer usable: end the job "
                       "(td::abort) or stop using this group",
                       describe(), waited.count()));
     }
   }
 }
+
+WorkState::WorkState() : call(current_call()) { note_work_created(call); }
 
 bool WorkState::settled() {
   std::lock_guard lock(mu_);
@@ -93,6 +97,7 @@ bool WorkState::complete_locked() {
     error_ = std::current_exception();
     status_ = Status::Failed;
   }
+  note_work_settled(call, status_ == Status::Done);
   finish = nullptr;
   buffer.reset();
   keep_alive.clear();
@@ -116,6 +121,7 @@ void WorkState::abandon(std::exception_ptr error) {
 void WorkState::fail_locked(std::exception_ptr error) {
   error_ = std::move(error);
   status_ = Status::Failed;
+  note_work_settled(call, false);
   finish = nullptr;
   settled_cv_.notify_all();
 }
@@ -168,15 +174,19 @@ bool WorkState::test() {
 
 void WorkState::wait() {
   const auto start = std::chrono::steady_clock::now();
-  auto timeout = [&] {
+  // Called with mu_ held: marks the operation timed out and gives the message. The error itself
+  // (which asks every rank where it is: up to TD_DIAGNOSIS_MS) is made after the lock is let go,
+  // so the progress thread is not held up meanwhile.
+  auto timeout_message = [&] {
     timed_out_ = true;
     const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
         std::chrono::steady_clock::now() - start);
-    return TimeoutError(fmt::format(
-        "{} did not complete before its timeout (waited {} ms in wait()); the "
-        "communicator is no longer usable: end the job (td::abort) or stop using this group",
-        describe ? describe() : std::string("operation"), waited.count()));
+    return fmt::format(
+        "{} did not complete before its timeout (waited {} ms in wait()); the communicator is "
+        "no longer usable: end the job (td::abort) or stop using this group",
+        describe ? describe() : std::string("operation"), waited.count());
   };
+  std::string timed_out;
   if (on_progress_thread.load(std::memory_order_acquire)) {
     // The progress thread drives it: sleep until it has settled, and let the thread know that
     // someone waits (it then polls without pausing).
@@ -184,21 +194,29 @@ void WorkState::wait() {
     struct Unregister {
       ~Unregister() { progress_waiter(-1); }
     } unregister;
-    std::unique_lock lock(mu_);
-    while (status_ == Status::Pending) {
-      if (settled_cv_.wait_until(lock, deadline) == std::cv_status::timeout &&
-          status_ == Status::Pending)
-        throw timeout();
+    {
+      std::unique_lock lock(mu_);
+      while (status_ == Status::Pending && timed_out.empty()) {
+        if (settled_cv_.wait_until(lock, deadline) == std::cv_status::timeout &&
+            status_ == Status::Pending)
+          timed_out = timeout_message();
+      }
+      if (timed_out.empty()) {
+        if (status_ == Status::Failed) std::rethrow_exception(error_);
+        return;
+      }
     }
-    if (status_ == Status::Failed) std::rethrow_exception(error_);
-    return;
+    throw timeout_error(call, timed_out);
   }
   for (std::uint64_t spin = 0; !test(); ++spin) {
     progress_others(this);
     pause_polling(spin);
     if ((spin & 63) == 0 && std::chrono::steady_clock::now() > deadline) {
-      std::lock_guard lock(mu_);
-      throw timeout();
+      {
+        std::lock_guard lock(mu_);
+        timed_out = timeout_message();
+      }
+      throw timeout_error(call, timed_out);
     }
   }
   std::lock_guard lock(mu_);

@@ -10,8 +10,10 @@
 // Async (default): each step is an async all_reduce and wait_all. When a step fails with
 // td::TimeoutError, each rank checks every leaf: it must hold `old` everywhere (its bucket never
 // completed) or `old * size` everywhere (it did), never a mix. The rank prints one verdict line
-//   cluster fault: rank R on HOST: TimeoutError at step S after M ms; leaves old=A new=B mixed=C:
-//   ok
+//   cluster fault: rank R on HOST: TimeoutError at step S after M ms; leaves old=A new=B mixed=C;
+//   no answer from ranks L: ok
+// (L: the ranks the error's diagnosis lists as NoAnswer, comma-separated; "-" none, "?" no
+// diagnosis)
 // ("FAILED" instead of "ok" if a leaf is mixed or the error came late), then ends the job
 // with td::abort.
 //
@@ -19,7 +21,7 @@
 // - in the agreement (before any data moves): the call throws td::TimeoutError at its deadline,
 //   every leaf must still hold `old`, and the rank prints
 //     cluster fault: rank R on HOST: TimeoutError in the agreement at step S after M ms; leaves
-//     old=A new=B mixed=C: ok
+//     old=A new=B mixed=C; no answer from ranks L: ok
 //   then ends the job with td::abort, as in async mode;
 // - in the data phase (a blocking MPI call): the library's watchdog prints
 //     [td rank R] aborting the job: td::TimeoutError: TensorDict.all_reduce ... the watchdog
@@ -196,14 +198,21 @@ int main(int argc, char** argv) {
       // phase is the watchdog's): every leaf still holds `old`.
       const bool leaves_ok = opt.sync ? counts[0] == static_cast<int>(keys.size()) : counts[2] == 0;
       const bool ok = leaves_ok && in_time;
+      // The diagnosis (issue 29): the ranks that did not answer, "-" if every rank did, "?" if
+      // there was none. The script checks they are the cut host's ranks.
+      std::string silent;
+      for (const td::RankStatus& st : e.diagnosis())
+        if (st.state == td::RankStatus::State::NoAnswer)
+          silent += (silent.empty() ? "" : ",") + std::to_string(st.rank);
+      if (silent.empty()) silent = e.diagnosis().empty() ? "?" : "-";
       std::string what = e.what();
       if (what.size() > 200) what = what.substr(0, 200) + "...";
       std::printf(
           "cluster fault: rank %d on %s: TimeoutError%s at step %lld after %lld ms; leaves old=%d "
-          "new=%d mixed=%d%s: %s\n  (%s)\n",
+          "new=%d mixed=%d%s; no answer from ranks %s: %s\n  (%s)\n",
           rank, host, opt.sync ? " in the agreement" : "", static_cast<long long>(step),
           static_cast<long long>(ms), counts[0], counts[1], counts[2], mixed.c_str(),
-          ok ? "ok" : "FAILED", what.c_str());
+          silent.c_str(), ok ? "ok" : "FAILED", what.c_str());
       std::fflush(stdout);
       // Give the other ranks' verdicts time to reach mpirun before the job is torn down.
       std::this_thread::sleep_for(std::chrono::seconds(2));

@@ -6,7 +6,8 @@
 #
 # MODE link: VICTIM's link is taken down (from the bridge side, as a pulled cable). Every rank on
 #   the other hosts (SURVIVORS of them) must print an "ok" verdict (td::TimeoutError, every leaf
-#   wholly old or wholly new) within BOUND_S seconds of the fault. The link is then restored,
+#   wholly old or wholly new) within BOUND_S seconds of the fault, whose diagnosis lists exactly
+#   VICTIM's ranks as not answering. The link is then restored,
 #   and the job must end (the survivors' td::abort) within 60 s more.
 # MODE kill: VICTIM's ranks are killed (SIGKILL). The job must end with a non-zero status within
 #   BOUND_S seconds; any verdict printed meanwhile must be "ok".
@@ -113,4 +114,17 @@ cat "$out"
 if grep -q "FAILED" "$out"; then fail "a rank reported a failure"; fi
 bad=$(verdicts | grep -cv ': ok$' || true)
 (( bad == 0 )) || fail "$bad verdict(s) not ok"
+# A cut link: every survivor's diagnosis names exactly the cut host's ranks as not answering.
+if [[ $mode == link ]]; then
+  expected=$(grep -oE "cluster fault: rank [0-9]+ runs on $victim_name\$" "$out" |
+    grep -oE 'rank [0-9]+' | grep -oE '[0-9]+' | sort -n | paste -sd, -)
+  [[ -n $expected ]] || fail "no rank said it runs on $victim_name"
+  while read -r line; do
+    silent=$(sed -nE 's/.*; no answer from ranks ([-?0-9,]+): ok$/\1/p' <<<"$line")
+    [[ $silent == "$expected" ]] ||
+      fail "a survivor's diagnosis lists ranks '${silent:-(none)}' as not answering, expected" \
+        "$expected (the ranks on $victim_name): $line"
+  done < <(verdicts)
+  echo "diagnosis: every survivor names ranks $expected (on $victim_name) as not answering"
+fi
 echo "PASS"

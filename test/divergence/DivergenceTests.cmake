@@ -41,3 +41,5 @@ _td_add_divergence_env_test(bucket_bytes.3ranks "TD_BUCKET_BYTES=auto" "TD_BUCKE
 _td_add_divergence_env_test(progress_thread.2ranks "TD_PROGRESS_THREAD=0" "-")
 _td_add_divergence_env_test(progress_thread.3ranks "-" "-" "TD_PROGRESS_THREAD=0")
 _td_add_divergence_env_test(timeout_ms.2ranks "-" "TD_TIMEOUT_MS=4000")
+_td_add_divergence_env_test(hierarchical.2ranks "TD_HIERARCHICAL=1" "-")
+_td_add_divergence_env_test(hierarchical.3ranks "TD_TEST_RANKS_PER_NODE=2" "TD_TEST_RANKS_PER_NODE=2 TD_HIERARCHICAL=auto" "TD_TEST_RANKS_PER_NODE=2")

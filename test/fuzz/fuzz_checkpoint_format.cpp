@@ -4,13 +4,13 @@
 // record, or a memmap meta.json. Each must reject with td::Error or accept something consistent:
 // the tensors cover the data buffer exactly, and what is accepted re-encodes and decodes to the
 // same entries. Anything else (a crash, a sanitizer report, another exception) is a bug. The
-// library keeps the parsers internal, so this target compiles checkpoint_format.cpp itself.
+// library keeps the parsers internal: this target links their objects (td_formats).
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <span>
 
-#include "../../src/comm/checkpoint_format.cpp"  // NOLINT(bugprone-suspicious-include): see above
+#include "comm/checkpoint_format.hpp"
 
 namespace {
 

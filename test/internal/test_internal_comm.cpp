@@ -13,6 +13,8 @@
 #include <type_traits>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "comm/engine_internal.hpp"
 #include "comm/tail_guard.hpp"
 
@@ -177,6 +179,91 @@ TEST_CASE("the layout cache notices every way a leaf changes", "[layout-cache]")
   SECTION("two keys made aliases of one storage") {
     d.set("c", d.get("a"));
     CHECK(analysed(d).layout[1].alias_of == 0);  // canonical order: a, c, s.b
+  }
+}
+
+// The layout cache's quick checks: no leaf object of any dict changed (the leaf epoch), or else,
+// since a consolidated dict's leaves share one storage per dtype, no tensor object of those
+// storages changed (their version counters), without visiting a leaf; new views and copies of
+// its leaves change nothing; every change of a leaf object is seen.
+TEST_CASE("the layout cache of a consolidated dict compares storage versions, not leaves",
+          "[layout-cache]") {
+  TensorDict d;
+  for (int i = 0; i < 64; ++i) d.set(fmt::format("p{:02}", i), Tensor::zeros({4}, DType::Float32));
+  d.set("z", Tensor::zeros({3}, DType::Int64));  // after the p's in canonical order
+  d.consolidate();
+  auto walks = [&] {
+    auto in = td::detail::dict_leaves(d);
+    REQUIRE(in.cache != nullptr);
+    return in.cache->versions.leaf_walks();
+  };
+  const std::uint64_t hash = analysed(d).layout_hash;
+  CHECK(analysed(d).layout_hash == hash);
+  CHECK(walks() == 0);
+
+  // Views and copies of leaves made, copied and dropped: no leaf object changed.
+  {
+    const Tensor view = d.get("p03").slice(0, 1, 3);
+    const Tensor copy = d.get("p05");
+    const std::vector<Tensor> copies = {copy, view};
+    CHECK(analysed(d).layout_hash == hash);
+    CHECK(walks() == 0);
+  }
+  // A copy of a leaf moved: no leaf object changed, so the leaf epoch holds (one load).
+  {
+    Tensor copy = d.get("p05");
+    const Tensor moved = std::move(copy);
+    CHECK(analysed(d).layout_hash == hash);
+    CHECK(walks() == 0);
+  }
+  // A leaf of another dict changed: the process-wide leaf epoch moves. The copy moved above
+  // moved its storage's counter too, so one compare of every leaf (equal), after which the
+  // counters and the epoch are remembered again.
+  TensorDict other;
+  other.set("x", Tensor::zeros({2}, DType::Float32));
+  (void)td::detail::DictAccess::canonical(other);  // marks "x" as a leaf
+  other.get("x") = Tensor::zeros({3}, DType::Float32);
+  CHECK(analysed(d).layout_hash == hash);
+  CHECK(walks() == 1);
+  // The epoch moves again, d's storages' counters do not: no compare per leaf.
+  other.get("x") = Tensor::zeros({4}, DType::Float32);
+  CHECK(analysed(d).layout_hash == hash);
+  CHECK(walks() == 1);
+  // The epoch moves and a copy of one of d's leaves is moved: one more compare of every leaf.
+  {
+    other.get("x") = Tensor::zeros({5}, DType::Float32);
+    Tensor copy = d.get("p05");
+    const Tensor moved = std::move(copy);
+    CHECK(analysed(d).layout_hash == hash);
+    CHECK(walks() == 2);
+    CHECK(analysed(d).layout_hash == hash);
+    CHECK(walks() == 2);
+  }
+  SECTION("a leaf assigned through a reference held since before the last call") {
+    Tensor& leaf = d.get("p07");
+    analysed(d);
+    leaf = Tensor::zeros({5}, DType::Float32);
+    CHECK(analysed(d).layout[7].shape == td::Shape{5});
+  }
+  SECTION("a leaf moved out of, then given a value again (a leaf without storage)") {
+    const Tensor taken = std::move(d.get("p08"));
+    CHECK_THAT(analysed(d).arg_error, Catch::Matchers::Contains("p08"));
+    d.get("p08") = Tensor::zeros({2}, DType::Float32);
+    CHECK(analysed(d).arg_error.empty());
+    CHECK(analysed(d).layout[8].shape == td::Shape{2});
+  }
+  SECTION("two leaves of one storage swapped") {
+    std::byte* const p0 = analysed(d).memory->data[0];
+    std::byte* const p1 = analysed(d).memory->data[1];
+    std::swap(d.get("p00"), d.get("p01"));
+    CHECK(analysed(d).memory->data[0] == p1);
+    CHECK(analysed(d).memory->data[1] == p0);
+  }
+  SECTION("every leaf dropped by the last tensor holding the storage") {
+    for (int i = 0; i < 64; ++i)
+      d.get(fmt::format("p{:02}", i)) = Tensor::zeros({4}, DType::Float32);
+    CHECK(analysed(d).layout_hash == hash);
+    CHECK(analysed(d).memory->data[0] != nullptr);
   }
 }
 

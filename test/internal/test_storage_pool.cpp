@@ -363,14 +363,14 @@ TEST_CASE("sizes no memory can hold throw std::bad_alloc", "[storage_pool]") {
 }
 
 TEST_CASE("tensors use the process's pool", "[storage_pool][tensor]") {
-  const auto before = td::detail::storage_pool_stats();
+  const auto before = td::storage_pool_stats();
   const bool pooled = td::detail::storage_pool().status().pooled;
   {
     td::Tensor t = td::Tensor::zeros({64 * 1024}, td::DType::Float32);  // 256 KiB
     td::Tensor s = td::Tensor::zeros({16}, td::DType::Float32);
     CHECK(addr(t.raw_data()) % 64 == 0);
     CHECK(addr(s.raw_data()) % 64 == 0);
-    const auto during = td::detail::storage_pool_stats();
+    const auto during = td::storage_pool_stats();
     if (pooled) {
       CHECK(addr(t.raw_data()) % 4096 == 0);
       CHECK(during.pooled_storages == before.pooled_storages + 1);
@@ -379,7 +379,7 @@ TEST_CASE("tensors use the process's pool", "[storage_pool][tensor]") {
     }
     CHECK(during.heap_storages == before.heap_storages + (pooled ? 1 : 2));
   }
-  const auto after = td::detail::storage_pool_stats();
+  const auto after = td::storage_pool_stats();
   CHECK(after.pooled_storages == before.pooled_storages);
   CHECK(after.heap_storages == before.heap_storages);
 }

@@ -1,0 +1,52 @@
+// Diagnostics for benchmarks, tuning and tests: the bucket plan, the packer's and the storage
+// pool's counters. Opt-in: the umbrella header tensordict.hpp does not include this one.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "tensordict/bucket_plan.hpp"
+#include "tensordict/export.hpp"
+
+namespace td {
+
+/// Diagnostics of the bucketing packer, for benchmarks and tuning.
+struct PackerStats {
+  std::size_t peak_extra_bytes = 0;  ///< largest pack buffer one call held at once
+  std::uint64_t plan_hits = 0;       ///< collectives that reused a cached bucket plan
+  std::uint64_t plan_misses = 0;     ///< collectives that built a plan
+  /// messages of all_reduce / reduce / broadcast that ran node-aware (within each node, between
+  /// the nodes' leaders, within each node again: docs/configuration.md, TD_HIERARCHICAL)
+  std::uint64_t node_aware_messages = 0;
+};
+/// The counters since the last reset_packer_stats() (this process only).
+TD_API PackerStats packer_stats();
+/// Zeroes the counters.
+TD_API void reset_packer_stats();
+
+/// A snapshot of the pool's counters (each read on its own, relaxed: exact when no other thread
+/// allocates meanwhile).
+struct StoragePoolStats {
+  std::size_t pooled_storages = 0;   ///< live storages served by the pool
+  std::size_t pooled_requested = 0;  ///< their requested bytes
+  std::size_t pooled_blocks = 0;     ///< their size-class bytes (>= requested)
+  std::size_t mapped = 0;            ///< bytes of every chunk mapped now, spare ones included
+  /// Bytes of mapped chunks that were ever handed out, in whole 2 MiB pages: with transparent
+  /// huge pages a first touch faults in a whole 2 MiB page, so this bounds what the pool holds
+  /// resident (never-used ends of chunks cost address space only).
+  std::size_t touched = 0;
+  std::size_t spare = 0;              ///< bytes of empty chunks kept for reuse (part of mapped)
+  std::size_t chunks = 0;             ///< chunks mapped now
+  std::uint64_t chunks_mapped = 0;    ///< mmaps since the pool started
+  std::uint64_t chunks_unmapped = 0;  ///< munmaps since the pool started
+  std::size_t large_storages = 0;     ///< live storages above kPoolMaxBytes on their own pages
+  std::size_t large_requested = 0;    ///< their requested bytes
+  std::size_t heap_storages = 0;      ///< live storages from aligned_alloc (small, or pool off)
+  std::size_t heap_requested = 0;     ///< their requested bytes
+};
+
+/// The storage pool's counters now (this process): "extra memory of the pool" is
+/// touched - pooled_requested.
+TD_API StoragePoolStats storage_pool_stats();
+
+}  // namespace td

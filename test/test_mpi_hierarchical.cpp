@@ -1,0 +1,359 @@
+// Node-aware all_reduce / reduce / broadcast (TD_HIERARCHICAL; on one machine,
+// TD_TEST_RANKS_PER_NODE simulates the nodes: CMakeLists.txt runs this file at 3+1, 2+2, 2+1 and
+// one node): every op and dtype, sync and async, compressed, the Reducer's buckets, every root,
+// subgroups. Integer results are exact (so equal to the flat path's), and every rank holds the
+// same bits. Each case also checks that the strategy ran where it should (packer_stats).
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <mpi.h>
+
+#include <tensordict/diagnostics.hpp>
+#include <tensordict/tensordict.hpp>
+
+#include "support/reference.hpp"
+
+using td::Compression;
+using td::DType;
+using td::ReduceOp;
+using td::Tensor;
+using td::TensorDict;
+using namespace tdtest;
+
+namespace {
+
+std::optional<std::string> env(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return std::nullopt;
+  return std::string(v);
+}
+
+// The node of every world rank by its processor name (the cluster's hosts have names of their
+// own: make test-cluster runs this file across them).
+std::vector<std::string> real_nodes() {
+  char name[MPI_MAX_PROCESSOR_NAME] = {};
+  int len = 0;
+  MPI_Get_processor_name(name, &len);
+  std::vector<char> all(static_cast<std::size_t>(td::get_world_size()) * MPI_MAX_PROCESSOR_NAME);
+  MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME,
+                MPI_CHAR, MPI_COMM_WORLD);
+  std::vector<std::string> out;
+  for (int r = 0; r < td::get_world_size(); ++r)
+    out.emplace_back(&all[static_cast<std::size_t>(r) * MPI_MAX_PROCESSOR_NAME]);
+  return out;
+}
+
+// Whether the library must run node-aware on a group of these world ranks (collective over
+// world): TD_HIERARCHICAL=1 yes, unset or 0 no, auto whether the nodes (TD_TEST_RANKS_PER_NODE's
+// simulated ones, the last size repeating, or the real ones) hold the group on several nodes with
+// more than one rank on some node.
+bool expect_node_aware(const std::vector<int>& world_ranks) {
+  const std::vector<std::string> hosts = real_nodes();
+  const auto h = env("TD_HIERARCHICAL");
+  if (!h || *h != "auto") return h && *h == "1";  // unset: flat
+  const auto spec = env("TD_TEST_RANKS_PER_NODE");
+  if (!spec) {
+    std::map<std::string, int> per_host;
+    for (const int w : world_ranks) ++per_host[hosts[static_cast<std::size_t>(w)]];
+    int largest = 0;
+    for (const auto& [host, n] : per_host) largest = std::max(largest, n);
+    return per_host.size() > 1 && largest > 1;
+  }
+  std::vector<int> sizes;
+  for (std::size_t start = 0;;) {
+    const std::size_t comma = spec->find(',', start);
+    sizes.push_back(std::stoi(spec->substr(start, comma - start)));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  std::map<int, int> per_node;
+  for (const int w : world_ranks) {
+    int node = 0, first = 0;
+    for (;; ++node) {
+      const int n = sizes[std::min(static_cast<std::size_t>(node), sizes.size() - 1)];
+      if (w < first + n) break;
+      first += n;
+    }
+    ++per_node[node];
+  }
+  int largest = 0;
+  for (const auto& [node, n] : per_node) largest = std::max(largest, n);
+  return per_node.size() > 1 && largest > 1;
+}
+
+// "" if every element of t (of dtype T) lies within `rel` (relative, at least 1 absolute) of
+// leaf `leaf`'s reduction, else the first one that does not.
+template <class T>
+std::string far_from_expected(const Tensor& t, ReduceOp op, int size, std::int64_t leaf,
+                              double rel) {
+  const std::vector<T> v = t.to_vector<T>();
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const double want =
+        static_cast<double>(expected<T>(op, size, static_cast<std::int64_t>(i), leaf));
+    if (std::abs(static_cast<double>(v[i]) - want) > rel * std::max(1.0, std::abs(want)))
+      return fmt::format("element {} = {}, expected {}", i, static_cast<double>(v[i]), want);
+  }
+  return {};
+}
+
+// Waits for an async call's Works (a sync call returns none).
+void wait_for(std::vector<td::Work> works) { td::wait_all(works); }
+
+std::vector<int> every_rank() {
+  std::vector<int> all;
+  for (int r = 0; r < td::get_world_size(); ++r) all.push_back(r);
+  return all;
+}
+
+// Whether every rank of `comm` holds the same bytes in t as the group's rank 0.
+bool same_bits_everywhere(const Tensor& t, MPI_Comm comm) {
+  const Tensor c = t.contiguous();
+  std::vector<unsigned char> mine(c.nbytes()), first;
+  td::visit(c.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (!mine.empty()) std::memcpy(mine.data(), c.data<T>(), mine.size());
+  });
+  first = mine;
+  MPI_Bcast(first.data(), static_cast<int>(first.size()), MPI_BYTE, 0, comm);
+  int same = first == mine ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &same, 1, MPI_INT, MPI_MIN, comm);
+  return same == 1;
+}
+
+// The leaves of a test dict of dtype T: a vector, a matrix (a bucket of several leaves) and one
+// element; leaf k holds tdtest's leaf pattern k.
+template <class T>
+TensorDict make_dict(ReduceOp op, int rank) {
+  TensorDict d;
+  d.set("a", make_input<T>(op, rank, {13}, 0));
+  d.set({"b", "m"}, make_input<T>(op, rank, {4, 5}, 1));
+  d.set({"b", "s"}, make_input<T>(op, rank, {1}, 2));
+  return d;
+}
+
+const char* kKeys[] = {"a", "b.m", "b.s"};
+td::Key key_of(int k) {
+  if (k == 0) return "a";
+  return {"b", k == 1 ? "m" : "s"};
+}
+
+// Checks the strategy ran (or not) since the last reset.
+void check_strategy(bool node_aware) {
+  const auto messages = td::packer_stats().node_aware_messages;
+  if (node_aware) {
+    CHECK(messages > 0);
+  } else {
+    CHECK(messages == 0);
+  }
+  td::reset_packer_stats();
+}
+
+}  // namespace
+
+TEST_CASE("node-aware all_reduce: every op on every dtype, sync and async, one bit pattern",
+          "[hierarchical]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  const bool nodes = expect_node_aware(every_rank());
+  td::reset_packer_stats();
+  for (std::size_t dt = 0; dt < td::kNumDTypes; ++dt) {
+    const auto dtype = static_cast<DType>(dt);
+    td::visit(dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      for (const ReduceOp op :
+           {ReduceOp::SUM, ReduceOp::PRODUCT, ReduceOp::MIN, ReduceOp::MAX, ReduceOp::AVG}) {
+        if (!td::supports(op, dtype)) continue;
+        for (const bool async : {false, true}) {
+          for (const std::optional<std::size_t> cap :
+               {std::optional<std::size_t>{}, std::optional<std::size_t>{64},
+                std::optional<std::size_t>{td::kAutoBucketBytes}}) {
+            INFO(td::name(dtype) << " " << td::name(op) << (async ? " async" : " sync") << " cap "
+                                 << (cap ? std::to_string(*cap) : "none"));
+            TensorDict d = make_dict<T>(op, rank);
+            auto works = d.all_reduce(op, {.async_op = async, .bucket_bytes = cap});
+            td::wait_all(works);
+            for (int k = 0; k < 3; ++k) {
+              INFO(kKeys[k]);
+              CHECK(reduction_error(d.get(key_of(k)), op, size, k).empty());
+              CHECK(same_bits_everywhere(d.get(key_of(k)), MPI_COMM_WORLD));
+            }
+          }
+          // One tensor, large enough for several messages at a small cap.
+          Tensor t = make_input<T>(op, rank, {3000});
+          td::Work w = td::all_reduce(t, op, {.async_op = async});
+          w.wait();
+          CHECK(reduction_error(t, op, size).empty());
+          CHECK(same_bits_everywhere(t, MPI_COMM_WORLD));
+        }
+      }
+    });
+  }
+  check_strategy(nodes);
+}
+
+TEST_CASE("node-aware all_reduce of a large tensor: several messages pipelined, exact",
+          "[hierarchical]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  td::reset_packer_stats();
+  // 24 MiB of int32: six 4 MiB messages; float32 of small integers is exact too.
+  for (const bool async : {false, true}) {
+    Tensor i = make_input<std::int32_t>(ReduceOp::SUM, rank, {6 << 20});
+    Tensor f = make_input<float>(ReduceOp::SUM, rank, {6 << 20});
+    auto wi = td::all_reduce(i, ReduceOp::SUM, {.async_op = async});
+    auto wf = td::all_reduce(f, ReduceOp::SUM, {.async_op = async});
+    wi.wait();
+    wf.wait();
+    CHECK(reduction_error(i, ReduceOp::SUM, size).empty());
+    CHECK(reduction_error(f, ReduceOp::SUM, size).empty());
+    CHECK(same_bits_everywhere(f, MPI_COMM_WORLD));
+  }
+  check_strategy(expect_node_aware(every_rank()));
+}
+
+TEST_CASE("node-aware compressed all_reduce (BF16, FP16): one bit pattern, close to the sum",
+          "[hierarchical]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  td::reset_packer_stats();
+  for (const Compression c : {Compression::BF16, Compression::FP16}) {
+    for (const ReduceOp op : {ReduceOp::SUM, ReduceOp::AVG}) {
+      for (const bool async : {false, true}) {
+        INFO((c == Compression::BF16 ? "bf16" : "fp16") << " " << td::name(op) << " " << async);
+        TensorDict d;
+        d.set("f", make_input<float>(op, rank, {257}, 0));
+        d.set("g", make_input<double>(op, rank, {31}, 1));
+        auto works = d.all_reduce(
+            op, {.async_op = async, .bucket_bytes = std::size_t{512}, .compression = c});
+        td::wait_all(works);
+        CHECK(far_from_expected<float>(d.get("f"), op, size, 0, 0.02).empty());
+        CHECK(far_from_expected<double>(d.get("g"), op, size, 1, 0.02).empty());
+        CHECK(same_bits_everywhere(d.get("f"), MPI_COMM_WORLD));
+        CHECK(same_bits_everywhere(d.get("g"), MPI_COMM_WORLD));
+      }
+    }
+  }
+  check_strategy(expect_node_aware(every_rank()));
+}
+
+TEST_CASE("node-aware Reducer: buckets reduced across nodes, uncompressed and BF16",
+          "[hierarchical]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  td::reset_packer_stats();
+  for (const Compression c : {Compression::None, Compression::BF16}) {
+    INFO((c == Compression::None ? "uncompressed" : "bf16"));
+    TensorDict grads;
+    grads.set({"l0", "w"}, Tensor::zeros({16, 8}, DType::Float32));
+    grads.set({"l0", "b"}, Tensor::zeros({8}, DType::Float32));
+    grads.set({"l1", "w"}, Tensor::zeros({300}, DType::Float32));
+    td::ReducerOptions o;
+    o.op = ReduceOp::SUM;
+    o.bucket_bytes = 512;
+    o.compression = c;
+    td::Reducer reducer(grads, o);
+    for (int step = 0; step < 3; ++step) {
+      int k = 0;
+      for (const td::Key& key : grads.keys(true, true))
+        fill_input(grads.get(key), ReduceOp::SUM, rank, k++);
+      for (const td::Key& key : grads.keys(true, true)) reducer.mark_ready(key);
+      reducer.finish();
+      k = 0;
+      for (const td::Key& key : grads.keys(true, true)) {
+        INFO(key.str() << " step " << step);
+        CHECK(far_from_expected<float>(grads.get(key), ReduceOp::SUM, size, k,
+                                       c == Compression::None ? 0.0 : 0.02)
+                  .empty());
+        CHECK(same_bits_everywhere(grads.get(key), MPI_COMM_WORLD));
+        ++k;
+      }
+    }
+  }
+  check_strategy(expect_node_aware(every_rank()));
+}
+
+TEST_CASE("node-aware reduce to every root and broadcast from every root", "[hierarchical]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  td::reset_packer_stats();
+  for (int root = 0; root < size; ++root) {
+    for (const bool async : {false, true}) {
+      INFO("root " << root << (async ? " async" : " sync"));
+      TensorDict d = make_dict<std::int64_t>(ReduceOp::SUM, rank);
+      d.set("f", make_input<float>(ReduceOp::MAX, rank, {100}, 3));
+      wait_for(d.reduce(root, ReduceOp::SUM, {.async_op = async, .bucket_bytes = 128}));
+      Tensor t = make_input<double>(ReduceOp::PRODUCT, rank, {5000});
+      td::reduce(t, root, ReduceOp::PRODUCT, {.async_op = async}).wait();
+      if (rank == root) {
+        for (int k = 0; k < 3; ++k)
+          CHECK(reduction_error(d.get(key_of(k)), ReduceOp::SUM, size, k).empty());
+        // "f" was reduced with SUM too: its oracle is SUM of the MAX pattern.
+        const auto f = d.get("f").to_vector<float>();
+        bool ok = true;
+        for (std::size_t i = 0; i < f.size(); ++i) {
+          float want = 0;
+          for (int r = 0; r < size; ++r)
+            want += value<float>(ReduceOp::MAX, r, static_cast<std::int64_t>(i), 3);
+          ok = ok && f[i] == want;
+        }
+        CHECK(ok);
+        CHECK(reduction_error(t, ReduceOp::PRODUCT, size).empty());
+      }
+      CHECK(t.numel() == 5000);
+
+      TensorDict b = make_dict<std::int32_t>(ReduceOp::SUM, rank);
+      Tensor bt = make_input<float>(ReduceOp::SUM, rank, {4000});
+      wait_for(b.broadcast(root, {.async_op = async, .bucket_bytes = 64}));
+      td::broadcast(bt, root, {.async_op = async}).wait();
+      for (int k = 0; k < 3; ++k) {
+        const Tensor want =
+            make_input<std::int32_t>(ReduceOp::SUM, root, b.get(key_of(k)).shape(), k);
+        CHECK(b.get(key_of(k)).to_vector<std::int32_t>() == want.to_vector<std::int32_t>());
+      }
+      CHECK(bt.to_vector<float>() ==
+            make_input<float>(ReduceOp::SUM, root, {4000}).to_vector<float>());
+    }
+  }
+  check_strategy(expect_node_aware(every_rank()));
+}
+
+TEST_CASE("node-aware collectives on subgroups that span some of the nodes", "[hierarchical]") {
+  const int size = td::get_world_size();
+  std::vector<std::vector<int>> subsets = {{0, size - 1}};
+  if (size > 2) {
+    std::vector<int> tail;
+    for (int r = 1; r < size; ++r) tail.push_back(r);
+    subsets.push_back(tail);
+  }
+  for (const auto& members : subsets) {
+    if (members.size() == 2 && members[0] == members[1]) continue;  // one rank
+    td::ProcessGroup g = td::new_group(members);
+    const bool nodes = expect_node_aware(members);
+    if (!g.is_member()) continue;
+    td::reset_packer_stats();
+    INFO("group of " << g.size() << " ranks");
+    for (const bool async : {false, true}) {
+      TensorDict d = make_dict<std::int64_t>(ReduceOp::SUM, g.rank());
+      wait_for(d.all_reduce(ReduceOp::SUM, {.group = g, .async_op = async, .bucket_bytes = 64}));
+      for (int k = 0; k < 3; ++k)
+        CHECK(reduction_error(d.get(key_of(k)), ReduceOp::SUM, g.size(), k).empty());
+      TensorDict f = make_dict<float>(ReduceOp::AVG, g.rank());
+      wait_for(f.all_reduce(ReduceOp::AVG, {.group = g, .async_op = async}));
+      for (int k = 0; k < 3; ++k) {
+        CHECK(reduction_error(f.get(key_of(k)), ReduceOp::AVG, g.size(), k).empty());
+        CHECK(same_bits_everywhere(f.get(key_of(k)), g.comm()));
+      }
+      const int root = g.size() - 1;
+      Tensor t = make_input<std::int32_t>(ReduceOp::MAX, g.rank(), {999});
+      td::reduce(t, root, ReduceOp::MAX, {.group = g, .async_op = async}).wait();
+      if (g.rank() == root) CHECK(reduction_error(t, ReduceOp::MAX, g.size()).empty());
+      Tensor b = make_input<std::int32_t>(ReduceOp::SUM, g.rank(), {77});
+      td::broadcast(b, 0, {.group = g, .async_op = async}).wait();
+      CHECK(b.to_vector<std::int32_t>() ==
+            make_input<std::int32_t>(ReduceOp::SUM, 0, {77}).to_vector<std::int32_t>());
+    }
+    check_strategy(nodes);
+  }
+}
