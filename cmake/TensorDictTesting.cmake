@@ -150,7 +150,6 @@ function(td_add_mpi_test_runs)
   # the 300 s limit without any deadlock (their stacks, read with gdb, were all still moving).
   # Each MPI test also takes one ctest slot per rank (PROCESSORS), so two instrumented jobs never
   # share the cores. Other sanitizers and plain builds run every count.
-  set(td_processors "")
   if("thread" IN_LIST TD_SANITIZE)
     set(td_tsan_ranks "")
     if(2 IN_LIST arg_RANKS OR 3 IN_LIST arg_RANKS)
@@ -163,7 +162,6 @@ function(td_add_mpi_test_runs)
       return()
     endif()
     set(arg_RANKS ${td_tsan_ranks})
-    set(td_processors ON)
   endif()
   foreach(n IN LISTS arg_RANKS)
     _td_mpiexec_command(cmd ${n} $<TARGET_FILE:${arg_TARGET}>)
@@ -172,7 +170,7 @@ function(td_add_mpi_test_runs)
       TIMEOUT ${arg_TIMEOUT}
       LABELS "mpi;${arg_LABELS}"
       ENVIRONMENT "${_TD_MPI_TEST_ENV};${_TD_TEST_MAIN_ENV};${arg_ENVIRONMENT}")
-    if(td_processors)
+    if("thread" IN_LIST TD_SANITIZE)
       set_tests_properties(${arg_NAME}.${n}ranks PROPERTIES PROCESSORS ${n})
     endif()
   endforeach()
