@@ -181,6 +181,11 @@ TD_API std::string to_string(const Tensor& t);
 /// Prints like to_string().
 TD_API std::ostream& operator<<(std::ostream& os, const Tensor& t);
 
+namespace detail {
+/// A shape as every message and printout of the library writes it: "[2, 3]", "[]" when 0-d.
+TD_API std::string shape_str(const Shape& shape);
+}  // namespace detail
+
 // ---- template definitions ---------------------------------------------------------------
 
 // The contract's signature takes the shape by value; it is moved on.

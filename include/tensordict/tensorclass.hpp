@@ -244,8 +244,6 @@ struct TensorClassAccess {
     return same;
   }
 
-  static std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
-
   // The layout of TensorDict's printer, with the struct names and the declaration order.
   template <class T>
   static void print(std::string& out, const T& obj, const Shape& inherited, int indent) {
@@ -260,7 +258,7 @@ struct TensorClassAccess {
         if (!value.defined()) {
           out += "Tensor(undefined)";
         } else {
-          out += fmt::format("Tensor(shape={}, dtype={}{}{})", shape_str(value.shape()),
+          out += fmt::format("Tensor(shape={}, dtype={}{}{})", detail::shape_str(value.shape()),
                              name(value.dtype()), value.is_sparse() ? ", sparse" : "",
                              !value.is_sparse() && !value.is_contiguous() ? ", strided" : "");
         }
@@ -269,7 +267,7 @@ struct TensorClassAccess {
       }
       out += ",\n";
     });
-    out += pad + "    },\n" + pad + "    batch_size=" + shape_str(bs) + ")";
+    out += pad + "    },\n" + pad + "    batch_size=" + detail::shape_str(bs) + ")";
   }
 };
 

@@ -237,13 +237,6 @@ std::vector<std::string> cache_notes(const GroupState& g, const autotune::Choice
           fmt::format("per size, median packed cycle / bare allreduce:{}", ladder_text(ladder))};
 }
 
-bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  if (!v) return false;
-  const std::string_view s(v);
-  return s == "1" || s == "true" || s == "on" || s == "yes";
-}
-
 // Resolves kAutoBucketBytes on a group of 2 ranks or more; returns it with the one line that says
 // how it was found. Collective: every decision below is taken on values every rank shares
 // (rank 0's broadcast cache entry, MAX-over-ranks timings).
@@ -254,7 +247,7 @@ std::pair<TunedBuckets, std::string> resolve(GroupState& g) {
   const bool use_cache = !dir.empty() && config().autotune_cache;
   std::array<std::uint64_t, 3> shared{0, 0, 0};  // cached cap, direct bytes; refresh
   if (g.rank == 0) {
-    shared[2] = env_flag("TD_AUTOTUNE_REFRESH") ? 1 : 0;
+    shared[2] = config().autotune_refresh ? 1 : 0;
     if (use_cache && shared[2] == 0)
       if (auto c = autotune::read_cache_entry(file)) shared = {c->cap, c->direct_bytes, 0};
   }

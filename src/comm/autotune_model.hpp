@@ -187,7 +187,8 @@ inline SpotCheck check_cached_cap(std::size_t cap, const std::vector<Timings>& t
 // ---- cache files ------------------------------------------------------------------------------
 
 /// Directory of the cache: $TD_CACHE_DIR, else $XDG_CACHE_HOME/tensordict-mpi, else
-/// $HOME/.cache/tensordict-mpi; empty when none of the three is set (no file cache).
+/// $HOME/.cache/tensordict-mpi; empty when none of the three is set (no file cache). Read here
+/// rather than in core/config: td-autotune, which links only the public library, shares it.
 inline std::filesystem::path cache_dir() {
   if (const char* d = std::getenv("TD_CACHE_DIR"); d && *d) return d;
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x)

@@ -170,8 +170,6 @@ class BucketRunner {
 // ---- layout description, difference and hash: one of each, for collectives, point to point,
 // scatter's parts and td::stack (comm/layout.cpp) ---------------------------------------------
 
-/// "[2, 3]".
-std::string shape_str(const Shape& shape);
 /// How messages print a tensor's layout: "float32[3, 4]", "int64[5] sparse", "undefined".
 std::string describe_tensor(const Tensor& t);
 /// How messages print an analysed leaf (the collectives' view): as describe_tensor, plus

@@ -235,8 +235,6 @@ const Analysis& analyse_cached(std::span<const LeafRef> leaves, LayoutCache* cac
   return cache->analysis;
 }
 
-std::string shape_str(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
-
 std::string describe_tensor(const Tensor& t) {
   if (!t.defined()) return "undefined";
   std::string s = fmt::format("{}{}", name(t.dtype()), shape_str(t.shape()));

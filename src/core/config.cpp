@@ -58,6 +58,8 @@ Config read() {
   if (auto v = env("TD_PROGRESS_THREAD")) c.progress_thread = parse_bool("TD_PROGRESS_THREAD", *v);
   if (auto v = env("TD_SYNC_PIPELINE")) c.sync_pipeline = parse_bool("TD_SYNC_PIPELINE", *v);
   if (auto v = env("TD_AUTOTUNE_CACHE")) c.autotune_cache = parse_bool("TD_AUTOTUNE_CACHE", *v);
+  if (auto v = env("TD_AUTOTUNE_REFRESH"))
+    c.autotune_refresh = parse_bool("TD_AUTOTUNE_REFRESH", *v);
   if (auto v = env("TD_AUTOTUNE_BUDGET_MS"))
     c.autotune_budget = std::chrono::milliseconds(parse_positive("TD_AUTOTUNE_BUDGET_MS", *v));
   if (auto v = env("TD_PROGRESS_INTERVAL_US"))

@@ -20,6 +20,7 @@ struct Config {
   LogLevel log_level = LogLevel::Off;                // TD_LOG_LEVEL (off, warn, info, debug)
   bool progress_thread = true;                       // TD_PROGRESS_THREAD (1/0)
   bool autotune_cache = true;                        // TD_AUTOTUNE_CACHE (1/0)
+  bool autotune_refresh = false;                     // TD_AUTOTUNE_REFRESH (1/0), rank 0's counts
   std::chrono::milliseconds autotune_budget{1000};   // TD_AUTOTUNE_BUDGET_MS
   bool sync_pipeline = false;                        // TD_SYNC_PIPELINE (1/0)
   int progress_interval_us = 50;                     // TD_PROGRESS_INTERVAL_US

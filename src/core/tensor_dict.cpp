@@ -19,7 +19,7 @@ namespace td {
 
 namespace {
 
-std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+using detail::shape_str;
 
 bool starts_with(const Shape& shape, const Shape& prefix) {
   return shape.size() >= prefix.size() && std::equal(prefix.begin(), prefix.end(), shape.begin());

@@ -182,6 +182,10 @@ std::string dense_to_string(const Tensor& t, std::size_t indent) {
 
 }  // namespace
 
+std::string detail::shape_str(const Shape& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
 std::string to_string(const Tensor& t) {
   if (!t.defined()) return "tensor(undefined)";
   if (!t.is_sparse()) return dense_to_string(t, 0);

@@ -1,7 +1,6 @@
 // reduce / all_reduce / broadcast of a Tensor and a TensorDict: sparse leaves, then the dense
 // buckets (comm/runner.cpp).
 #include <algorithm>
-#include <climits>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -41,10 +40,8 @@ void run_sparse(Tensor& leaf, const CollectiveCall& call, GroupState& g) {
     leaf = result;
   };
   auto to_int = [&](std::int64_t n) {
-    if (n > INT_MAX)
-      throw Error(fmt::format("{}: a sparse leaf with {} entries is too large for one message",
-                              call.name, n));
-    return static_cast<int>(n);
+    return detail::mpi_count(static_cast<std::size_t>(n),
+                             fmt::format("{}: a sparse leaf's entries", call.name));
   };
   if (call.kind == CollectiveKind::Broadcast) {
     detail::post(detail::bcast_call(&nnz, 1, MPI_INT64_T, call.root, g.comm), nullptr);
