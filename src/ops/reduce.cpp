@@ -39,9 +39,9 @@ void run_sparse(Tensor& leaf, const CollectiveCall& call, GroupState& g) {
     }
     leaf = result;
   };
+  const std::string counted = fmt::format("{}: a sparse leaf's entries", call.name);
   auto to_int = [&](std::int64_t n) {
-    return detail::mpi_count(static_cast<std::size_t>(n),
-                             fmt::format("{}: a sparse leaf's entries", call.name));
+    return detail::mpi_count(static_cast<std::size_t>(n), counted);
   };
   if (call.kind == CollectiveKind::Broadcast) {
     detail::post(detail::bcast_call(&nnz, 1, MPI_INT64_T, call.root, g.comm), nullptr);
