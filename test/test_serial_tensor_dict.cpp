@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <string>
 #include <thread>
@@ -144,6 +145,45 @@ TEST_CASE("clone, apply, flatten/unflatten, select/exclude, update, zero_, equal
   y.set("q", Tensor::full<float>({1}, 2.f));
   y.set("p", Tensor::full<float>({1}, 1.f));
   CHECK(x == y);
+}
+
+// The canonical order's definition (docs/internals.md): full keys sorted part by part, so that
+// "a" < "a.b"'s parent walk < "a_b" < "ab" whatever the insertion order; the cached order must
+// follow every structural change.
+TEST_CASE("canonical order is the keys sorted part by part, through random changes",
+          "[tensordict][property]") {
+  const std::vector<std::string> names = {"a", "a_b", "ab", "b", "B", "a.", "", "0", "10", "9"};
+  std::uint64_t state = 12345;
+  auto next = [&](std::uint64_t n) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<std::size_t>((state >> 33) % n);
+  };
+  for (int trial = 0; trial < 40; ++trial) {
+    TensorDict d;
+    for (int step = 0; step < 30; ++step) {
+      std::vector<std::string> parts;
+      const std::size_t depth = 1 + next(3);
+      for (std::size_t i = 0; i < depth; ++i) parts.push_back(names[next(names.size())]);
+      try {
+        const Key key(parts);  // may reject a name
+        if (next(4) == 0) {
+          d.erase(key);
+        } else {
+          d.set(key, Tensor::zeros({1}, td::DType::Float32));
+        }
+      } catch (const std::exception&) {
+        // a rejected name, a path through a leaf, a missing key: the dict is unchanged
+      }
+      std::vector<Key> expected = d.keys(true, true);
+      std::sort(expected.begin(), expected.end());
+      const auto canon = d.canonical_leaves();
+      REQUIRE(canon.size() == expected.size());
+      for (std::size_t i = 0; i < canon.size(); ++i) {
+        INFO("trial " << trial << " step " << step << " leaf " << i);
+        CHECK(canon[i].first == expected[i]);
+      }
+    }
+  }
 }
 
 TEST_CASE("consolidate puts each dtype in one storage in canonical order, keeping values",

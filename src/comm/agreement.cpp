@@ -8,6 +8,7 @@
 #include <fmt/ranges.h>
 
 #include "comm/engine_internal.hpp"
+#include "comm/executor.hpp"
 #include "core/config.hpp"
 #include "runtime/log.hpp"
 
@@ -82,22 +83,21 @@ std::string by_rank(const std::vector<std::string>& texts) {
   for (const std::string& line : describe_leaves(leaves, &a.layout)) desc += line + "\n";
   auto lens = std::make_shared<std::vector<int>>(static_cast<std::size_t>(g.size));
   int my_len = static_cast<int>(desc.size());
-  MPI_Request req = MPI_REQUEST_NULL;
-  auto describe = [&] {
+  const std::function<std::string()> describe = [&] {
     return fmt::format(
         "{}: ranks disagree on the layout, and gathering the details did not complete", call.name);
   };
-  TD_MPI_CHECK(MPI_Iallgather(&my_len, 1, MPI_INT, lens->data(), 1, MPI_INT, g.comm, &req));
-  wait_until(req, deadline, describe, lens);
+  post_and_wait(control(allgather_call(&my_len, 1, MPI_INT, lens->data(), 1, MPI_INT, g.comm)),
+                deadline, describe, lens);
   std::vector<int> displs(lens->size(), 0);
   for (std::size_t r = 1; r < lens->size(); ++r) displs[r] = displs[r - 1] + (*lens)[r - 1];
   auto all =
       std::make_shared<std::string>(static_cast<std::size_t>(displs.back() + lens->back()), '\0');
   auto mine = std::make_shared<std::string>(desc);
-  TD_MPI_CHECK(MPI_Iallgatherv(mine->data(), my_len, MPI_CHAR, all->data(), lens->data(),
-                               displs.data(), MPI_CHAR, g.comm, &req));
-  wait_until(req, deadline, describe,
-             std::make_shared<std::pair<decltype(all), decltype(mine)>>(all, mine));
+  post_and_wait(control(allgatherv_call(mine->data(), my_len, MPI_CHAR, all->data(), lens->data(),
+                                        displs.data(), MPI_CHAR, g.comm)),
+                deadline, describe,
+                std::make_shared<std::pair<decltype(all), decltype(mine)>>(all, mine));
 
   std::vector<std::vector<std::string>> lines;
   for (std::size_t r = 0; r < lens->size(); ++r)
@@ -160,10 +160,9 @@ bool agree(GroupState& g, const CollectiveCall& call, std::optional<std::size_t>
   (*buf)[0] = h;
   (*buf)[1] = ~h;
   (*buf)[2] = a.memory->one_span_per_dtype ? 0 : 1;
-  MPI_Request req = MPI_REQUEST_NULL;
-  TD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf->data(), 3, MPI_UINT64_T, MPI_MAX, g.comm, &req));
-  wait_until(
-      req, deadline,
+  post_and_wait(
+      control(allreduce_call(MPI_IN_PLACE, buf->data(), 3, MPI_UINT64_T, MPI_MAX, g.comm)),
+      deadline,
       [&] {
         return fmt::format(
             "{}: not every rank of the group of {} joined the collective (first key '{}')",

@@ -49,6 +49,7 @@
 
 #include "comm/autotune_model.hpp"
 #include "comm/collective_engine.hpp"
+#include "comm/executor.hpp"
 #include "core/config.hpp"
 #include "runtime/log.hpp"
 
@@ -104,7 +105,8 @@ std::string cache_key(GroupState& g) {
   gethostname(host, sizeof host - 1);
   const std::uint64_t mine = std::hash<std::string>{}(std::string(host) + "|" + local_setup());
   std::vector<std::uint64_t> all(static_cast<std::size_t>(g.size));
-  TD_MPI_CHECK(MPI_Allgather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, g.comm));
+  post(control(allgather_call(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, g.comm)),
+       nullptr);
   char lib[MPI_MAX_LIBRARY_VERSION_STRING] = {};
   int len = 0;
   MPI_Get_library_version(lib, &len);
@@ -121,11 +123,11 @@ template <class Op>
 double fastest(GroupState& g, int reps, bool warm_up, double& spent, Op&& op) {
   double best = 1e30;
   for (int r = warm_up ? -1 : 0; r < reps; ++r) {
-    TD_MPI_CHECK(MPI_Barrier(g.comm));
+    post(control(barrier_call(g.comm)), nullptr);
     const double start = MPI_Wtime();
     op();
     double dt = MPI_Wtime() - start;
-    TD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, g.comm));
+    post(control(allreduce_call(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, g.comm)), nullptr);
     spent += dt;
     if (r >= 0) best = std::min(best, dt);  // the untimed call warms up buffers and connections
   }
@@ -164,13 +166,15 @@ std::vector<autotune::Timings> time_sizes(GroupState& g, const std::vector<std::
       const int reps = t.bytes <= kSmallBytes ? kRepsPerPassSmall : kRepsPerPass;
       t.packed.push_back(fastest(g, reps, pass == 0, spent, [&] {
         std::memcpy(pack->data, leaves->data, t.bytes);
-        TD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, pack->data, count, MPI_FLOAT, MPI_SUM, g.comm));
+        post(control(allreduce_call(MPI_IN_PLACE, pack->data, count, MPI_FLOAT, MPI_SUM, g.comm)),
+             nullptr);
         std::memcpy(leaves->data, pack->data, t.bytes);
       }));
       if (bare)
         t.bare.push_back(fastest(g, reps, pass == 0, spent, [&] {
-          TD_MPI_CHECK(
-              MPI_Allreduce(MPI_IN_PLACE, leaves->data, count, MPI_FLOAT, MPI_SUM, g.comm));
+          post(control(
+                   allreduce_call(MPI_IN_PLACE, leaves->data, count, MPI_FLOAT, MPI_SUM, g.comm)),
+               nullptr);
         }));
     }
   if (passes) *passes = pass;
@@ -211,7 +215,7 @@ std::array<std::uint64_t, 3> host_load(GroupState& g) {
     if (getloadavg(&load, 1) == 1) out[0] = static_cast<std::uint64_t>(load * 1000);
     out[2] = static_cast<std::uint64_t>(std::max(0L, sysconf(_SC_NPROCESSORS_ONLN)));
   }
-  TD_MPI_CHECK(MPI_Bcast(out.data(), 3, MPI_UINT64_T, 0, g.comm));
+  post(control(bcast_call(out.data(), 3, MPI_UINT64_T, 0, g.comm)), nullptr);
   return out;
 }
 
@@ -251,7 +255,7 @@ std::pair<TunedBuckets, std::string> resolve(GroupState& g) {
     if (use_cache && shared[2] == 0)
       if (auto c = autotune::read_cache_entry(file)) shared = {c->cap, c->direct_bytes, 0};
   }
-  TD_MPI_CHECK(MPI_Bcast(shared.data(), 3, MPI_UINT64_T, 0, g.comm));
+  post(control(bcast_call(shared.data(), 3, MPI_UINT64_T, 0, g.comm)), nullptr);
 
   std::string story;
   if (shared[0] > 0) {

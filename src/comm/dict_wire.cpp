@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "core/canonical_order.hpp"
 #include "tensordict/errors.hpp"
 
 namespace td::detail {
@@ -232,22 +233,21 @@ std::uint64_t numel_of(const Shape& s) {
   });
 }
 
-// Calls f(leaf index) for every leaf of dict `index` in canonical order: sorted full key paths
-// are a depth-first walk visiting each dict's entries sorted by name (no two entries of a dict
-// share a name, so a path's first differing part decides). Throws td::Error for a name that
-// appears twice in one dict (only a peer's metadata can hold one).
+// Calls f(leaf index) for every leaf of dict `index` in canonical order (core/canonical_order.hpp).
+// Throws td::Error for a name that appears twice in one dict (only a peer's metadata can hold
+// one).
 template <class F>
 void for_each_canonical(const DictLayout& layout, std::uint32_t index, F&& f) {
   const auto& entries = layout.dicts[index].entries;
-  std::vector<std::uint32_t> order(entries.size());
-  std::iota(order.begin(), order.end(), 0U);
-  std::sort(order.begin(), order.end(),
-            [&](std::uint32_t a, std::uint32_t b) { return entries[a].name < entries[b].name; });
-  for (std::size_t i = 0; i < order.size(); ++i) {
-    const auto& e = entries[order[i]];
-    if (i > 0 && entries[order[i - 1]].name == e.name)
-      throw Error(fmt::format("invalid transport metadata: key name '{}' appears twice in one dict",
-                              e.name));
+  std::size_t duplicate = 0;
+  const std::vector<std::uint32_t> order = canonical_entries(
+      entries.size(), [&](std::uint32_t i) -> const std::string& { return entries[i].name; },
+      &duplicate);
+  if (duplicate < entries.size())
+    throw Error(fmt::format("invalid transport metadata: key name '{}' appears twice in one dict",
+                            entries[duplicate].name));
+  for (const std::uint32_t i : order) {
+    const auto& e = entries[i];
     if (e.is_dict) {
       for_each_canonical(layout, e.index, f);
     } else {

@@ -8,7 +8,7 @@ namespace td::detail {
 
 void post(const DataCall& c, MPI_Request* req) {
   using Op = DataCall::Op;
-  note_data_started();  // the flight recorder: the current call's data starts moving
+  if (!c.control) note_data_started();  // the flight recorder: the call's data starts moving
   // Each routine in its nonblocking form when a request is given, else its blocking form.
   switch (c.op) {
     case Op::Send:
@@ -223,6 +223,18 @@ void post_into(WorkState& w, const DataCall& call, const char* phase) {
   post(call, &w.requests.back());
   if (call.op == DataCall::Op::Recv)
     w.receive_checks.push_back({w.requests.size() - 1, call.type, call.count, call.root, phase});
+}
+
+void post_and_wait(const DataCall& call, std::chrono::steady_clock::time_point deadline,
+                   const std::function<std::string()>& describe, std::shared_ptr<void> hold) {
+  MPI_Request req = MPI_REQUEST_NULL;
+  post(call, &req);
+  wait_until(req, deadline, describe, std::move(hold));
+}
+
+void wait_blocking(std::span<MPI_Request> requests) {
+  TD_MPI_CHECK(
+      MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
 }
 
 Step::Step(std::chrono::steady_clock::time_point deadline, std::function<std::string()> describe,

@@ -51,7 +51,17 @@ struct DataCall {
   MPI_Op reduce_op = MPI_OP_NULL;
   int root = 0;  // the root, or the peer of Send / Recv
   int tag = 0;
+  // The library's own messages (the agreement's rounds, the bucket tuner's measurement, a file's
+  // outcome votes): they move no data of the call, so the flight recorder's "data started" time
+  // is not taken from them. Set by control().
+  bool control = false;
 };
+
+/// `call` marked as one of the library's own messages (DataCall::control).
+inline DataCall control(DataCall call) {
+  call.control = true;
+  return call;
+}
 
 /// Posts `call` in its nonblocking form into `*req`, or runs its blocking form when `req` is null
 /// (the sync path, under a BlockingPhase). Throws td::MpiError naming the routine.
@@ -85,6 +95,16 @@ DataCall reduce_scatter_block_call(const void* send, void* recv, int count, MPI_
 DataCall reduce_scatter_call(const void* send, void* recv, const int* counts, MPI_Datatype type,
                              MPI_Op op, MPI_Comm comm);
 DataCall barrier_call(MPI_Comm comm);
+
+/// Posts `call` and waits for it against `deadline` (td::TimeoutError from `describe`, with
+/// `hold` leaked rather than freed): a step of one call, without Step's bookkeeping (the
+/// agreement's round runs on every collective). Not for receives (their counts are Step's).
+void post_and_wait(const DataCall& call, std::chrono::steady_clock::time_point deadline,
+                   const std::function<std::string()>& describe, std::shared_ptr<void> hold);
+
+/// Waits for requests posted nonblocking on the sync path (under its BlockingPhase, which
+/// bounds the wait): the pipeline's bucket in flight.
+void wait_blocking(std::span<MPI_Request> requests);
 
 /// Posts `call` as one request of `w`'s current phase; a receive (recv_call) has its received
 /// count checked when the phase completes (`phase` names it in the error).

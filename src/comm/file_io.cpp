@@ -316,7 +316,8 @@ void CollectiveFile::transfer(std::span<const FileRange> ranges, bool write) {
                        path_.string(), group_->size);
   };
   Step step(deadline_, describe, count, "checkpoint file transfer");
-  step.post(allreduce_call(MPI_IN_PLACE, count.get(), 1, MPI_UINT64_T, MPI_MAX, group_->comm));
+  step.post(
+      control(allreduce_call(MPI_IN_PLACE, count.get(), 1, MPI_UINT64_T, MPI_MAX, group_->comm)));
   step.wait();
 
   BlockingPhase phase(deadline_, describe);
@@ -471,15 +472,15 @@ ErrorNote agree_outcome(GroupState& g, const ErrorNote& mine, Clock::time_point 
     return fmt::format("{}: not every rank of the group of {} reached the same step", what, g.size);
   };
   Step step(deadline, describe, hold, what);
-  step.post(allreduce_call(MPI_IN_PLACE, &hold->lowest, 1, MPI_INT, MPI_MIN, g.comm));
+  step.post(control(allreduce_call(MPI_IN_PLACE, &hold->lowest, 1, MPI_INT, MPI_MIN, g.comm)));
   step.wait();
   if (hold->lowest == g.size) return {};
   if (g.rank == hold->lowest) hold->text = std::string(1, mine.kind) + mine.what;
   hold->len = static_cast<int>(hold->text.size());
-  step.post(bcast_call(&hold->len, 1, MPI_INT, hold->lowest, g.comm));
+  step.post(control(bcast_call(&hold->len, 1, MPI_INT, hold->lowest, g.comm)));
   step.wait();
   hold->text.resize(static_cast<std::size_t>(hold->len));
-  step.post(bcast_call(hold->text.data(), hold->len, MPI_CHAR, hold->lowest, g.comm));
+  step.post(control(bcast_call(hold->text.data(), hold->len, MPI_CHAR, hold->lowest, g.comm)));
   step.wait();
   const std::string& text = hold->text;
   if (text.empty()) return {'E', fmt::format("{}: rank {} failed", what, hold->lowest)};
@@ -503,10 +504,10 @@ ErrorNote check_same_path(GroupState& g, const fs::path& path, Clock::time_point
     return fmt::format("{}: not every rank of the group of {} reached the same step", what, g.size);
   };
   Step step(deadline, describe, hold, what);
-  step.post(bcast_call(&hold->len, 1, MPI_INT, 0, g.comm));
+  step.post(control(bcast_call(&hold->len, 1, MPI_INT, 0, g.comm)));
   step.wait();
   hold->text.resize(static_cast<std::size_t>(hold->len));
-  step.post(bcast_call(hold->text.data(), hold->len, MPI_CHAR, 0, g.comm));
+  step.post(control(bcast_call(hold->text.data(), hold->len, MPI_CHAR, 0, g.comm)));
   step.wait();
   if (hold->text == path.string()) return {};
   return {'E', fmt::format("{}: this rank names the file '{}' but rank 0 names '{}': every rank "
@@ -522,8 +523,8 @@ void and_over_ranks(GroupState& g, std::vector<std::uint8_t>& flags, Clock::time
     return fmt::format("{}: not every rank of the group of {} reached the same step", what, g.size);
   };
   Step step(deadline, describe, hold, what);
-  step.post(allreduce_call(MPI_IN_PLACE, hold->data(), mpi_count(hold->size(), "flags"),
-                           MPI_UINT8_T, MPI_BAND, g.comm));
+  step.post(control(allreduce_call(MPI_IN_PLACE, hold->data(), mpi_count(hold->size(), "flags"),
+                                   MPI_UINT8_T, MPI_BAND, g.comm)));
   step.wait();
   flags = *hold;
 }

@@ -11,6 +11,7 @@
 
 #include "comm/compression.hpp"
 #include "comm/engine_internal.hpp"
+#include "comm/executor.hpp"
 #include "core/config.hpp"
 #include "runtime/log.hpp"
 #include "tensordict/diagnostics.hpp"
@@ -325,15 +326,13 @@ void run_sync(const std::shared_ptr<const BucketPlan>& plan_ptr, std::span<const
     std::vector<MPI_Request> started;
     ib.start(call, g, plan.max_message_bytes, &started);
     if (b > 0) {
-      TD_MPI_CHECK(
-          MPI_Waitall(static_cast<int>(in_flight.size()), in_flight.data(), MPI_STATUSES_IGNORE));
+      wait_blocking(in_flight);
       finish(b - 1);
     }
     in_flight = std::move(started);
   }
   if (pipeline && !plan.buckets.empty()) {
-    TD_MPI_CHECK(
-        MPI_Waitall(static_cast<int>(in_flight.size()), in_flight.data(), MPI_STATUSES_IGNORE));
+    wait_blocking(in_flight);
     finish(plan.buckets.size() - 1);
   }
 }

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "core/canonical_order.hpp"
 #include "core/dict_internal.hpp"
 #include "core/tensor_internal.hpp"
 
@@ -64,23 +65,34 @@ struct TensorDict::Impl {
   // Read without the lock by DictAccess (after canonical()), hence atomic.
   std::atomic<std::uint64_t> published_generation{0};  // cache_generation, 0 while invalid
 
-  // Positions of the sub-dicts among `entries`, recomputed when `version` moved on (every
-  // change that can add, remove or replace a sub-dict bumps it). Computed on first use by
-  // whichever const call walks this dict first (its own canonical() or a parent's): published
-  // through `sub_version` (acquire/release), computed under `subs_mutex`.
-  mutable std::mutex subs_mutex;
-  mutable std::vector<std::size_t> sub_positions;
-  mutable std::atomic<std::uint64_t> sub_version{~std::uint64_t{0}};
-  const std::vector<std::size_t>& subs() const {
-    if (sub_version.load(std::memory_order_acquire) != version) {
-      const std::lock_guard lock(subs_mutex);
-      if (sub_version.load(std::memory_order_relaxed) != version) {
-        sub_positions.clear();
-        for (std::size_t i = 0; i < entries.size(); ++i)
-          if (std::holds_alternative<TensorDict>(entries[i].value)) sub_positions.push_back(i);
-        sub_version.store(version, std::memory_order_release);
-      }
-    }
+  // Positions of the entries in canonical order (core/canonical_order.hpp), and of the sub-dicts
+  // among them, recomputed when `version` moved on (every change that can add, remove, rename or
+  // replace an entry bumps it). Computed on first use by whichever const call walks this dict
+  // first (its own canonical() or a parent's): published through `order_version`
+  // (acquire/release), computed under `order_mutex`.
+  mutable std::mutex order_mutex;
+  mutable std::vector<std::uint32_t> ordered_positions;
+  mutable std::vector<std::uint32_t> sub_positions;
+  mutable std::atomic<std::uint64_t> order_version{~std::uint64_t{0}};
+  void compute_order() const {
+    if (order_version.load(std::memory_order_acquire) == version) return;
+    const std::lock_guard lock(order_mutex);
+    if (order_version.load(std::memory_order_relaxed) == version) return;
+    ordered_positions = detail::canonical_entries(
+        entries.size(), [&](std::uint32_t i) -> const std::string& { return entries[i].name; });
+    sub_positions.clear();
+    for (const std::uint32_t i : ordered_positions)
+      if (std::holds_alternative<TensorDict>(entries[i].value)) sub_positions.push_back(i);
+    order_version.store(version, std::memory_order_release);
+  }
+  // Every entry, in canonical order.
+  const std::vector<std::uint32_t>& ordered() const {
+    compute_order();
+    return ordered_positions;
+  }
+  // The sub-dicts, in canonical order.
+  const std::vector<std::uint32_t>& subs() const {
+    compute_order();
     return sub_positions;
   }
 
@@ -615,10 +627,13 @@ const std::vector<LeafRef>& DictAccess::canonical(const TensorDict& cd) {
   // Until the next rebuild, which any structural change forces, each leaf object stays where it
   // is: callers may keep the leaf pointers (and LeafVersions of them) while the order holds.
   // Every leaf is marked as one, so a change of its layout moves the leaf epoch.
+  // Each dict's entries in canonical order, so the leaves come out in it and the dicts in the
+  // order the check above walks them (subs()).
   auto walk = [&](auto& self, TensorDict& node) -> void {
     TensorDict::Impl& ni = node.impl();
     in.cache_nodes.emplace_back(&ni, ni.version);
-    for (auto& e : ni.entries) {
+    for (const std::uint32_t i : ni.ordered()) {
+      auto& e = ni.entries[i];
       prefix.push_back(e.name);
       if (auto* t = std::get_if<Tensor>(&e.value)) {
         TensorAccess::mark_leaf(*t);  // its layout changes count in the leaf epoch from now on
@@ -630,7 +645,6 @@ const std::vector<LeafRef>& DictAccess::canonical(const TensorDict& cd) {
     }
   };
   walk(walk, d);
-  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   in.cache_keys.clear();
   in.cache_keys.reserve(all.size());
   for (auto& [k, t] : all) in.cache_keys.push_back(std::move(k));
