@@ -41,7 +41,7 @@ struct TD_API BucketPlan {
   struct Bucket {
     DType dtype = DType::Float32;  ///< dtype of every slot
     std::size_t nbytes = 0;        ///< sum of the slots' bytes
-    std::vector<Slot> slots;       ///< in canonical order, back to back
+    std::vector<Slot> slots;       ///< in the plan's order (build: canonical), back to back
     bool strided = false;          ///< a single non-contiguous leaf (copied through a strided pack)
   };
 
@@ -49,7 +49,7 @@ struct TD_API BucketPlan {
   std::optional<std::size_t> cap;
   /// Largest message in bytes: buckets larger than this are sent in several messages.
   std::size_t max_message_bytes = 0;
-  /// Buckets in the order of their first leaf.
+  /// Buckets in the plan's order of their first leaf.
   std::vector<Bucket> buckets;
   /// Sparse leaves, each reduced on its own (never packed).
   std::vector<std::size_t> sparse_leaves;
@@ -65,9 +65,27 @@ struct TD_API BucketPlan {
   /// init_process_group sets); a message never exceeds INT_MAX elements.
   static BucketPlan build(const std::vector<LeafLayout>& leaves, std::optional<std::size_t> cap,
                           std::size_t max_message_bytes = 0, std::size_t direct_bytes = 0);
+  /// Builds the td::Reducer's plan: the leaves taken in `order` (a permutation of the leaf
+  /// indices: the ready order), one open bucket per dtype, which closes when the next leaf of its
+  /// dtype would pass `cap` bytes (so a leaf larger than the cap is a bucket of its own). Buckets
+  /// are numbered by their first leaf in `order` (the order they launch in) and hold their slots
+  /// back to back in `order`. Every dense leaf with elements is packed, contiguous or not: the
+  /// Reducer copies it into its bucket's storage, whose view it then becomes. Empty leaves and
+  /// aliases are skipped, sparse leaves listed (the Reducer rejects both kinds before).
+  /// `max_message_bytes` as for build(). Throws std::invalid_argument for a cap of 0 or an
+  /// `order` that is not a permutation.
+  static BucketPlan build_in_order(const std::vector<LeafLayout>& leaves,
+                                   const std::vector<std::size_t>& order, std::size_t cap,
+                                   std::size_t max_message_bytes = 0);
   /// Checks the invariants (every byte of every packable leaf in exactly one bucket, the cap,
   /// canonical order, one dtype per bucket); returns an empty string or what is wrong.
   std::string check(const std::vector<LeafLayout>& leaves) const;
+  /// check() for a plan of build_in_order(leaves, order, ...): the same invariants with `order`
+  /// in place of canonical order (non-contiguous leaves packed like the others), and what makes
+  /// the plan the one build_in_order builds: a dtype's buckets one after the other in `order`,
+  /// each opened only when its first leaf would have passed the cap in the one before.
+  std::string check_in_order(const std::vector<LeafLayout>& leaves,
+                             const std::vector<std::size_t>& order) const;
   /// A human-readable summary: one line per bucket (dtype, bytes, leaves).
   std::string describe() const;
 };

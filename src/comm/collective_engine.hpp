@@ -190,7 +190,8 @@ std::optional<LayoutDifference> first_difference(
 /// One 64-bit hash of keys (LeafRef::key_hash) and layouts, never 0.
 std::uint64_t layout_hash(std::span<const LeafRef> leaves, std::span<const LeafLayout> layout);
 /// Dtype and shape of each leaf, every one contiguous, dense and unaliased: the layout point to
-/// point agrees on (each side packs by its own strides).
+/// point agrees on (each side packs by its own strides), and what the Reducer's buckets are
+/// planned from (every leaf is copied into its bucket).
 std::vector<LeafLayout> plain_layout(std::span<const LeafRef> leaves);
 
 /// "<what> of bucket b of n (dtype, bytes, leaves, first key) in a group of N ranks", for errors.

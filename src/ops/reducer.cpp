@@ -481,7 +481,6 @@ Reducer::Reducer(TensorDict& grads, ReducerOptions opts) : impl_(std::make_uniqu
   m.step_summary.reduce_op = static_cast<int>(opts.op);
   m.step_summary.async = true;
   m.timeout = detail::timeout_of(copts);
-  m.max_message_bytes = prepared.plan->max_message_bytes;
   const std::size_t cap = prepared.plan->cap.value_or(kAutoBucketBytes);
   // The plan skips aliases of an earlier key; the layout (aliasing included) is agreed, so every
   // rank throws this together.
@@ -494,23 +493,23 @@ Reducer::Reducer(TensorDict& grads, ReducerOptions opts) : impl_(std::make_uniqu
           call_name, in.leaves[i].key->str()));
   }
 
-  // Buckets in ready order: one open bucket per dtype, closed when the next leaf would pass the
-  // cap. Buckets are numbered by their first leaf, which is the order they launch in.
-  std::vector<std::size_t> open(kNumDTypes, kNoBucket);
-  for (std::size_t i : seq) {
-    const Tensor& t = *in.leaves[i].tensor;
-    if (t.numel() == 0) continue;
-    const std::size_t n = t.nbytes();
-    const auto d = static_cast<std::size_t>(t.dtype());
-    if (open[d] == kNoBucket || m.buckets[open[d]].nbytes + n > cap) {
-      open[d] = m.buckets.size();
-      m.buckets.emplace_back();
-      m.buckets.back().dtype = t.dtype();
+  // Buckets in ready order (BucketPlan::build_in_order): one open bucket per dtype, closed when
+  // the next leaf would pass the cap, numbered by their first leaf, which is the order they
+  // launch in. Every leaf is copied into its bucket, so the plan sees each as contiguous; no
+  // alias with elements is left (thrown above).
+  const BucketPlan plan = BucketPlan::build_in_order(detail::plain_layout(in.leaves), seq, cap,
+                                                     prepared.plan->max_message_bytes);
+  m.max_message_bytes = plan.max_message_bytes;
+  m.buckets.resize(plan.buckets.size());
+  for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
+    const BucketPlan::Bucket& pb = plan.buckets[b];
+    Impl::Bucket& bk = m.buckets[b];
+    bk.dtype = pb.dtype;
+    bk.nbytes = pb.nbytes;
+    for (const BucketPlan::Slot& sl : pb.slots) {
+      bk.leaves.push_back(sl.leaf);
+      m.leaves[sl.leaf].bucket = b;
     }
-    Impl::Bucket& bk = m.buckets[open[d]];
-    bk.leaves.push_back(i);
-    bk.nbytes += n;
-    m.leaves[i].bucket = open[d];
   }
 
   // Move the gradients into the buckets; the dict's leaves become views. Setting a leaf may
@@ -525,17 +524,17 @@ Reducer::Reducer(TensorDict& grads, ReducerOptions opts) : impl_(std::make_uniqu
   for (std::size_t b = 0; b < m.buckets.size(); ++b) {
     Impl::Bucket& bk = m.buckets[b];
     const std::size_t isz = itemsize(bk.dtype);
-    bk.storage = Tensor::empty({static_cast<std::int64_t>(bk.nbytes / isz)}, bk.dtype);
-    std::int64_t off = 0;
-    for (std::size_t i : bk.leaves) {
-      const Tensor& old = old_leaves[i];
-      Tensor view = detail::TensorAccess::view_of(bk.storage, off, old.shape());
+    const auto numel = static_cast<std::int64_t>(bk.nbytes / isz);
+    bk.storage = Tensor::empty({numel}, bk.dtype);
+    for (const BucketPlan::Slot& sl : plan.buckets[b].slots) {
+      const Tensor& old = old_leaves[sl.leaf];
+      Tensor view = detail::TensorAccess::view_of(
+          bk.storage, static_cast<std::int64_t>(sl.offset / isz), old.shape());
       view.copy_(old);
-      off += old.numel();
-      grads.set(m.leaves[i].key, view);
+      grads.set(m.leaves[sl.leaf].key, view);
     }
     if (opts.compression != Compression::None && detail::compressible(bk.dtype))
-      bk.wire = Tensor::empty({off}, detail::wire_dtype(opts.compression));
+      bk.wire = Tensor::empty({numel}, detail::wire_dtype(opts.compression));
     bk.pending = bk.leaves.size();
     bk.describe = fmt::format(
         "Reducer bucket {} of {} ({}, {} B{}, {} leaves, first key '{}') in "
