@@ -146,6 +146,12 @@ struct InPlaceBucket {
 void note_extra_bytes(std::size_t n);
 void note_plan(bool hit);
 void note_node_aware(std::size_t messages);
+/// Before a sync call on a node-aware group posts its stages as blocking collectives: waits
+/// until every stage an earlier async call drew has been posted (each node communicator's
+/// collectives must be issued in one order on every rank), driving their progress without the
+/// progress thread; td::TimeoutError at `deadline`.
+void await_node_stages(GroupState& g, Clock::time_point deadline,
+                       const std::function<std::string()>& describe);
 /// Every rank consolidated: each dtype's span in place.
 void run_spans(const BucketPlan& plan, const CollectiveCall& call, GroupState& g,
                const LeafMemory& mem);

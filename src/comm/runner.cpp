@@ -5,6 +5,7 @@
 #include <array>
 #include <climits>
 #include <cstring>
+#include <thread>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -13,6 +14,7 @@
 #include "comm/engine_internal.hpp"
 #include "comm/executor.hpp"
 #include "core/config.hpp"
+#include "runtime/diagnosis.hpp"
 #include "runtime/log.hpp"
 #include "tensordict/diagnostics.hpp"
 
@@ -43,11 +45,7 @@ void start_or_run(const CollectiveCall& call, int rank, MPI_Comm comm, std::byte
   switch (call.kind) {
     case CollectiveKind::AllReduce: {
       const MPI_Op op = mpi_op(call.op, dtype);
-      if (req) {
-        detail::post(detail::allreduce_call(MPI_IN_PLACE, p, count, type, op, comm), req);
-      } else {
-        detail::post(detail::allreduce_call(MPI_IN_PLACE, p, count, type, op, comm), nullptr);
-      }
+      detail::post(detail::allreduce_call(MPI_IN_PLACE, p, count, type, op, comm), req);
       break;
     }
     case CollectiveKind::Reduce: {
@@ -55,19 +53,11 @@ void start_or_run(const CollectiveCall& call, int rank, MPI_Comm comm, std::byte
       const bool root = rank == call.root;
       void* send = root ? MPI_IN_PLACE : p;
       void* recv = root ? p : nullptr;
-      if (req) {
-        detail::post(detail::reduce_call(send, recv, count, type, op, call.root, comm), req);
-      } else {
-        detail::post(detail::reduce_call(send, recv, count, type, op, call.root, comm), nullptr);
-      }
+      detail::post(detail::reduce_call(send, recv, count, type, op, call.root, comm), req);
       break;
     }
     case CollectiveKind::Broadcast:
-      if (req) {
-        detail::post(detail::bcast_call(p, count, type, call.root, comm), req);
-      } else {
-        detail::post(detail::bcast_call(p, count, type, call.root, comm), nullptr);
-      }
+      detail::post(detail::bcast_call(p, count, type, call.root, comm), req);
       break;
     default:
       throw std::logic_error("start_or_run: not an in-place collective");
@@ -94,6 +84,11 @@ void note_node_aware(std::size_t messages) {
   g_stats.node_aware_messages += messages;
 }
 
+namespace {
+void run_blocking(const CollectiveCall& call, const GroupState& g, std::byte* p, int count,
+                  DType dtype);
+}  // namespace
+
 // Every rank holds each dtype's leaves as one span of one storage (a consolidated dict): one
 // pass per span, in place, in the plan's messages (max(cap, 4 MiB)), whatever the buckets. The
 // sequence of messages depends only on the agreed layout, so it is the same on every rank.
@@ -103,7 +98,7 @@ void run_spans(const BucketPlan& plan, const CollectiveCall& call, GroupState& g
   const bool avg = divides_result(call, roles);
   for (const auto& sp : mem.spans) {
     for_each_message(sp.nbytes, sp.dtype, plan.max_message_bytes, [&](std::size_t off, int count) {
-      start_or_run(call, g.rank, g.comm, sp.data + off, count, sp.dtype, nullptr);
+      run_blocking(call, g, sp.data + off, count, sp.dtype);
     });
     if (avg)
       divide_in_place(sp.data, static_cast<std::int64_t>(sp.nbytes / itemsize(sp.dtype)), sp.dtype,
@@ -149,13 +144,12 @@ void InPlaceBucket::compress_into_wire(const CollectiveCall& call, int group_siz
 
 void InPlaceBucket::start(const CollectiveCall& call, const GroupState& g, std::size_t max_message,
                           std::vector<MPI_Request>* reqs) const {
+  if (reqs && node_aware(g))  // run_collective sends these through post()
+    throw std::logic_error("InPlaceBucket::start: nonblocking messages of a node-aware group");
   for_each_message(wire_bytes(), wire, max_message, [&](std::size_t off, int n) {
-    MPI_Request* req = nullptr;
-    if (reqs) {
-      reqs->push_back(MPI_REQUEST_NULL);
-      req = &reqs->back();
-    }
-    start_or_run(call, g.rank, g.comm, w + off, n, wire, req);
+    if (!reqs) return run_blocking(call, g, w + off, n, wire);
+    reqs->push_back(MPI_REQUEST_NULL);
+    start_or_run(call, g.rank, g.comm, w + off, n, wire, &reqs->back());
   });
 }
 
@@ -208,6 +202,20 @@ std::optional<DataCall> node_stage(const CollectiveCall& call, const GroupState&
              : std::nullopt;
 }
 
+// One message of a sync call: the flat collective, or on a node-aware group its three stages one
+// after the other, as blocking collectives on the node communicators. Not libnbc's nonblocking
+// ones, which the async path pipelines: Open MPI 4.1's nonblocking reduce and broadcast of large
+// messages are several times slower than the blocking ones (docs/cluster.md), and a sync call
+// has nothing to overlap. The caller has waited for every stage an earlier async call drew
+// (await_node_stages).
+void run_blocking(const CollectiveCall& call, const GroupState& g, std::byte* p, int count,
+                  DType dtype) {
+  if (!node_aware(g)) return start_or_run(call, g.rank, g.comm, p, count, dtype, nullptr);
+  note_node_aware(1);
+  for (int s = 0; s < 3; ++s)
+    if (auto c = node_stage(call, g, s, p, count, dtype)) post(*c, nullptr);
+}
+
 // One node-aware bucket as it travels: its messages, each through the three stages in turn, in
 // waves (each a phase of the Work): wave k posts message k's first stage, k-1's second and k-2's
 // third, so that one message crosses the network while the next is reduced within the node.
@@ -242,6 +250,33 @@ void advance_stages(const std::shared_ptr<NodeAwareTransfer>& t, WorkState& st) 
 }
 
 }  // namespace
+
+void await_node_stages(GroupState& g, Clock::time_point deadline,
+                       const std::function<std::string()>& describe) {
+  NodeSplit& n = g.nodes;
+  auto all_posted = [&n] {
+    for (std::size_t s = 0; s < 3; ++s)
+      if (n.posted[s].load(std::memory_order_acquire) != n.drawn[s].load(std::memory_order_acquire))
+        return false;
+    return true;
+  };
+  const auto start = Clock::now();
+  for (std::uint64_t spin = 0; !all_posted(); ++spin) {
+    if (async_progress_enabled()) {
+      if (spin >= 256) std::this_thread::yield();  // the progress thread posts them
+    } else {
+      progress_others(nullptr);
+    }
+    if (Clock::now() > deadline)
+      throw timeout_error(
+          current_call(),
+          fmt::format(
+              "{}: an earlier async call's node-aware stages were not all started after "
+              "{} ms (they wait for other ranks); the communicator is no longer usable",
+              describe(),
+              std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count()));
+  }
+}
 
 void InPlaceBucket::post(const CollectiveCall& call, const std::shared_ptr<GroupState>& g,
                          std::size_t max_message, WorkState& st) const {

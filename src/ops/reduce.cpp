@@ -133,15 +133,17 @@ std::vector<Work> run_collective(std::span<const LeafRef> leaves, const Collecti
     run_sparse_leaves(*plan, leaves, call, *g);
   }
   // Async or compressed: one BucketRunner loop; the sync uncompressed path below keeps its one
-  // reused pack buffer (or the consolidated spans).
-  // Node-aware (sync too): the same loop, its buckets' stages pipelined as async Works; a sync
-  // call waits for them here.
+  // reused pack buffer (or the consolidated spans). Node-aware, the async loop pipelines each
+  // bucket's stages as nonblocking collectives, and so does a sync call with TD_SYNC_PIPELINE=1
+  // (then it waits for them here); a plain sync call runs them as blocking collectives below.
   const bool nodes = node_aware(*g);
-  if (opts.async_op || opts.compression != Compression::None || nodes) {
+  const bool nodes_async = nodes && config().sync_pipeline;
+  if (nodes && !opts.async_op && !nodes_async) await_node_stages(*g, deadline, describe);
+  if (opts.async_op || opts.compression != Compression::None || nodes_async) {
     std::optional<DType> wire;
     if (opts.compression != Compression::None) wire = wire_dtype(opts.compression);
     std::vector<Work> works =
-        run_buckets(*plan, leaves, call, g, deadline, opts.async_op || nodes, wire);
+        run_buckets(*plan, leaves, call, g, deadline, opts.async_op || nodes_async, wire);
     if (opts.async_op) return works;
     for (Work& w : works) w.wait();
     return {};
