@@ -49,8 +49,9 @@ GroupState::~GroupState() {
 
 bool node_aware(const GroupState& g) {
   // Off unless asked: measured across 2 hosts x 2 ranks at 1 Gbit/s (docs/cluster.md), the
-  // node-aware path is faster for bucketed dicts but several times slower for one large message
-  // (a consolidated dict, one tensor), so the automatic choice is opt-in (TD_HIERARCHICAL=auto).
+  // node-aware path is faster for bucketed dicts and the Reducer but 1.2-1.3x slower for one
+  // large message (a consolidated dict, one tensor), so the automatic choice is opt-in
+  // (TD_HIERARCHICAL=auto).
   const int mode = config().hierarchical;
   if (mode != 2) return mode == 1;
   return g.nodes.nodes > 1 && g.nodes.largest > 1;
