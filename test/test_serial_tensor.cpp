@@ -92,6 +92,33 @@ TEST_CASE("clone is deep, copies are shallow", "[tensor]") {
   CHECK(deep.to_vector<float>()[0] == 1.f);
 }
 
+// The defect this guards against: copy_ wrote the destination while it still read an
+// overlapping source, so a transpose copied into its own base came out [[1, 3], [3, 4]] and a
+// shifted slice went through memcpy on overlapping memory.
+TEST_CASE("copy_ from a view of the same storage reads the source's values first", "[tensor]") {
+  Tensor a = Tensor::from_vector<float>({1, 2, 3, 4}, {2, 2});
+  a.copy_(a.transpose(0, 1));
+  CHECK(a.to_vector<float>() == std::vector<float>{1, 3, 2, 4});
+
+  std::vector<std::int64_t> values(10);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<std::int64_t>(i);
+  Tensor up = Tensor::from_vector<std::int64_t>(values);
+  up.slice(0, 1, 10).copy_(up.slice(0, 0, 9));  // shift right by one
+  CHECK(up.to_vector<std::int64_t>() == std::vector<std::int64_t>{0, 0, 1, 2, 3, 4, 5, 6, 7, 8});
+  Tensor down = Tensor::from_vector<std::int64_t>(values);
+  down.slice(0, 0, 9).copy_(down.slice(0, 1, 10));  // shift left by one
+  CHECK(down.to_vector<std::int64_t>() == std::vector<std::int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 9});
+
+  // Interleaved views of one storage that do not overlap: copied directly, as before.
+  Tensor even_odd = Tensor::from_vector<double>({0, 1, 2, 3, 4, 5});
+  even_odd.slice(0, 0, 6, 2).copy_(even_odd.slice(0, 1, 6, 2));
+  CHECK(even_odd.to_vector<double>() == std::vector<double>{1, 1, 3, 3, 5, 5});
+
+  Tensor same = Tensor::from_vector<float>({7, 8});
+  same.copy_(same);  // the same view: nothing to do
+  CHECK(same.to_vector<float>() == std::vector<float>{7, 8});
+}
+
 TEST_CASE("Eigen views do math on contiguous tensors", "[tensor]") {
   Tensor a = Tensor::from_vector<double>({1, 2, 3, 4}, {2, 2});
   a.array<double>() *= 2.0;

@@ -208,6 +208,37 @@ TEST_CASE("consolidate puts each dtype in one storage in canonical order, keepin
   CHECK(d.get("t").storage_offset() == 4);
 }
 
+// The defect this guards against: aliases were re-pointed by their slot's offset, which an
+// empty leaf shares with the next leaf of its dtype, so an alias of an empty leaf became a view
+// of that other leaf (float32[3] where it was float32[0]) and later collectives reduced it as
+// that leaf.
+TEST_CASE("consolidate keeps an alias of an empty leaf empty", "[tensordict]") {
+  TensorDict d;
+  Tensor empty = Tensor::zeros({0}, td::DType::Float32);
+  d.set("a", empty);
+  d.set("b", Tensor::full<float>({3}, 1.f));
+  d.set("c", empty);
+  d.set("d", Tensor::full<float>({2}, 2.f));
+  d.set("e", d.get("d"));
+  TensorDict before = d.clone();
+  d.consolidate();
+  CHECK(d == before);
+  CHECK(d.get("c").shape() == td::Shape{0});
+  CHECK(d.get("e").shape() == td::Shape{2});
+  CHECK(d.get("e").storage_offset() == d.get("d").storage_offset());
+  CHECK(d.is_consolidated());
+
+  // Every leaf empty (batch size 0): each alias keeps its own shape.
+  TensorDict z({0});
+  Tensor x = Tensor::zeros({0, 3}, td::DType::Float32);
+  z.set("x", x);
+  z.set("y", Tensor::zeros({0, 5}, td::DType::Float32));
+  z.set("z", x);
+  z.consolidate();
+  CHECK(z.get("z").shape() == td::Shape{0, 3});
+  CHECK(z.get("y").shape() == td::Shape{0, 5});
+}
+
 TEST_CASE("a moved-from dict throws instead of crashing", "[tensordict]") {
   TensorDict d;
   d.set("a", Tensor::zeros({1}, td::DType::Float32));

@@ -392,13 +392,36 @@ Tensor Tensor::view(Shape shape) const {
   return detail::TensorAccess::view_of(*this, offset_, std::move(shape));
 }
 
+namespace {
+// The elements [first, last] of its storage that a dense tensor with elements can reach.
+std::pair<std::int64_t, std::int64_t> element_extent(std::int64_t offset, const Shape& shape,
+                                                     const Shape& strides) {
+  std::int64_t first = offset, last = offset;
+  for (std::size_t k = 0; k < shape.size(); ++k) {
+    const std::int64_t reach = (shape[k] - 1) * strides[k];
+    (reach < 0 ? first : last) += reach;
+  }
+  return {first, last};
+}
+}  // namespace
+
 void Tensor::copy_(const Tensor& src) {
   check_dense("copy_()");
-  const Tensor s = src.to_dense();
+  Tensor s = src.to_dense();
   if (s.dtype() != dtype_ || s.shape() != shape_)
     throw std::invalid_argument(
         fmt::format("copy_: source {}[{}] does not match destination {}[{}]", name(s.dtype()),
                     fmt::join(s.shape(), ", "), name(dtype_), fmt::join(shape_, ", ")));
+  if (numel() == 0) return;
+  // A source that shares memory with this tensor (a transpose or a shifted slice of it) would be
+  // overwritten while it is read: the same view copies nothing, any other overlap copies from a
+  // snapshot of the source's values.
+  if (s.storage_ == storage_) {
+    if (s.offset_ == offset_ && s.strides_ == strides_) return;
+    const auto [d_first, d_last] = element_extent(offset_, shape_, strides_);
+    const auto [s_first, s_last] = element_extent(s.offset_, s.shape_, s.strides_);
+    if (s_first <= d_last && d_first <= s_last) s = s.clone();
+  }
   detail::strided_copy(static_cast<std::byte*>(raw_data()), strides_,
                        static_cast<const std::byte*>(s.raw_data()), s.strides_, shape_,
                        itemsize(dtype_));

@@ -425,10 +425,12 @@ TensorDict& TensorDict::consolidate() {
   };
   std::map<DType, std::vector<Pending>> by_dtype;
   std::map<DType, std::int64_t> total;
-  // Keys that alias one region keep aliasing it: the first occurrence decides the slot.
+  // Keys that alias one region keep aliasing it: each alias becomes a copy of its first
+  // occurrence's new view. (Not found by slot offset: an empty leaf shares its offset with the
+  // next leaf of its dtype, and an alias of it became a view of that leaf.)
   using Region = std::tuple<const void*, Shape, Shape, DType>;
-  std::map<Region, std::pair<DType, std::int64_t>> seen;
-  std::vector<std::pair<Tensor*, std::pair<DType, std::int64_t>>> aliases;
+  std::map<Region, const Tensor*> seen;
+  std::vector<std::pair<Tensor*, const Tensor*>> aliases;  // (alias, first occurrence)
   for (const auto& ref : leaves) {
     Tensor& t = *ref.tensor;
     if (t.is_sparse()) continue;
@@ -439,20 +441,18 @@ TensorDict& TensorDict::consolidate() {
     }
     std::int64_t& off = total[t.dtype()];
     by_dtype[t.dtype()].push_back({&t, off});
-    seen.emplace(std::move(r), std::make_pair(t.dtype(), off));
+    seen.emplace(std::move(r), &t);
     off += t.numel();
   }
-  std::map<std::pair<DType, std::int64_t>, Tensor> placed;
   for (auto& [dtype, items] : by_dtype) {
     Tensor flat = Tensor::empty({total[dtype]}, dtype);
     for (auto& p : items) {
       Tensor v = detail::TensorAccess::view_of(flat, p.offset, p.leaf->shape());
       v.copy_(*p.leaf);
-      placed[{dtype, p.offset}] = v;
       *p.leaf = v;
     }
   }
-  for (auto& [leaf, slot] : aliases) *leaf = placed.at(slot);
+  for (auto& [leaf, first] : aliases) *leaf = *first;
   return *this;
 }
 
