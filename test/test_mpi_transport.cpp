@@ -10,6 +10,7 @@
 #include <complex>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -83,10 +84,12 @@ bool same(const TensorDict& a, const TensorDict& b) {
   return true;
 }
 
-// The MPI tag send_dict / recv_dict use for CollectiveOptions::tag `user_tag`
-// (docs/internals.md, "Tags": transport's MPI tag is the user tag), for tests that speak the
-// wire protocol.
-int wire_tag(MPI_Comm /*comm*/, int user_tag) { return user_tag; }
+// The MPI tag of a send_dict / recv_dict transfer from `sender` to `receiver` with
+// CollectiveOptions::tag `user_tag` (docs/internals.md, "Tags": one tag per user tag and
+// direction), for tests that speak the wire protocol.
+int wire_tag(int sender, int receiver, int user_tag) {
+  return 2 * user_tag + (sender < receiver ? 1 : 0);
+}
 
 // The wire records of docs/transport.md: a size record (metadata bytes, bytes per dtype, the
 // tail guard) and send_dict's header (status, error length, segment mask, then the record).
@@ -136,15 +139,16 @@ struct RawPeer {
       CHECK_THROWS_WITH(td::send_dict(d, 0, {.tag = user_tag}), Catch::Contains("not now"));
     } else if (rank == 0) {
       const MPI_Comm comm = td::world().comm();
-      MPI_Recv(header.data(), static_cast<int>(header.size()), MPI_UINT64_T, 1, user_tag, comm,
+      const int tag = wire_tag(1, 0, user_tag);
+      MPI_Recv(header.data(), static_cast<int>(header.size()), MPI_UINT64_T, 1, tag, comm,
                MPI_STATUS_IGNORE);
       meta.resize(header[3]);
-      MPI_Recv(meta.data(), static_cast<int>(meta.size()), MPI_BYTE, 1, user_tag, comm,
+      MPI_Recv(meta.data(), static_cast<int>(meta.size()), MPI_BYTE, 1, tag, comm,
                MPI_STATUS_IGNORE);
       std::vector<char> no(512, 0);
       no[0] = 2;  // failed
       std::snprintf(no.data() + 1, 500, "%s", "not now");
-      MPI_Send(no.data(), 512, MPI_BYTE, 1, user_tag, comm);
+      MPI_Send(no.data(), 512, MPI_BYTE, 1, tag, comm);
     }
     return {header, meta};
   }
@@ -240,6 +244,40 @@ TEST_CASE("send_dict and recv_dict move a dict to a rank that holds nothing", "[
     const TensorDict got = td::recv_dict(peer);
     CHECK(same(got, want));
     CHECK(got.is_consolidated());
+  }
+}
+
+// The defect this guards against: transport used the user tag as the MPI tag in both
+// directions, so two ranks each sending to the other on a thread of its own while receiving on
+// the main thread could take each other's messages (a 512-byte verdict matched a 512-byte data
+// message: zeros received and no error, or a misleading short-message error).
+TEST_CASE("send_dict and recv_dict both ways at once, from two threads, with one tag",
+          "[transport][tags]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  if (size < 2) return;
+  const int peer = rank % 2 == 0 ? rank + 1 : rank - 1;
+  if (peer >= size) return;
+  // 128 float32 = 512 bytes, the size of a verdict; the first byte of 1.0f + r is 0, the
+  // verdict's "accepted".
+  auto dict_of = [](int r, int round) {
+    TensorDict d;
+    d.set("w", td::Tensor::full<float>({128}, static_cast<float>(r + 1 + 100 * round)));
+    return d;
+  };
+  for (int round = 0; round < 30; ++round) {
+    INFO("round " << round);
+    std::exception_ptr sent_error;
+    std::thread sender([&] {
+      try {
+        td::send_dict(dict_of(rank, round), peer);
+      } catch (...) {
+        sent_error = std::current_exception();
+      }
+    });
+    const TensorDict got = td::recv_dict(peer);
+    sender.join();
+    if (sent_error) std::rethrow_exception(sent_error);
+    REQUIRE(same(got, dict_of(peer, round)));
   }
 }
 
@@ -463,7 +501,7 @@ TEST_CASE("recv_dict rejects a hostile sender's metadata", "[transport][errors]"
   const int rank = td::get_rank(), size = td::get_world_size();
   if (size < 2 || rank > 1) return;
   const MPI_Comm comm = td::world().comm();
-  const int tag = wire_tag(comm, 41);
+  const int tag = wire_tag(0, 1, 41);
   const td::CollectiveOptions opts{.tag = 41};
   // Valid magic and version, then a root claiming 1000 entries in 4 bytes.
   const std::vector<unsigned char> meta = {'T', 'D', 'W', 1, 0, 0xe8, 0x03, 0, 0, 1, 0, 'k', 1};
@@ -502,22 +540,24 @@ TEST_CASE("recv_dict whose sender stops after the handshake times out", "[transp
   if (size < 2 || rank > 1) return;
   const MPI_Comm comm = td::world().comm();
   const int user_tag = 57;  // used by no other test: nothing later matches the abandoned receives
-  const int tag = wire_tag(comm, user_tag);
+  const int learn = wire_tag(1, 0, user_tag);  // rank 1's send_dict, read by rank 0
+  const int tag = wire_tag(0, 1, user_tag);    // rank 0's replay to rank 1's recv_dict
   const td::CollectiveOptions opts{.timeout = std::chrono::milliseconds(300), .tag = user_tag};
   TensorDict d;
   d.set("x", filled(DType::Float32, {1000}, 1));
   d.set({"y", "z"}, filled(DType::Int64, {10}, 2));
   if (rank == 0) {
     std::vector<std::uint64_t> header(kHeaderWords);
-    MPI_Recv(header.data(), static_cast<int>(header.size()), MPI_UINT64_T, 1, tag, comm,
+    MPI_Recv(header.data(), static_cast<int>(header.size()), MPI_UINT64_T, 1, learn, comm,
              MPI_STATUS_IGNORE);
     REQUIRE(header[0] == 0);  // ok: the metadata follows
     std::vector<char> meta(header[3]);
-    MPI_Recv(meta.data(), static_cast<int>(meta.size()), MPI_BYTE, 1, tag, comm, MPI_STATUS_IGNORE);
+    MPI_Recv(meta.data(), static_cast<int>(meta.size()), MPI_BYTE, 1, learn, comm,
+             MPI_STATUS_IGNORE);
     std::vector<char> no(512, 0);
     no[0] = 2;  // failed
     std::snprintf(no.data() + 1, 500, "%s", "not now");
-    MPI_Send(no.data(), 512, MPI_BYTE, 1, tag, comm);
+    MPI_Send(no.data(), 512, MPI_BYTE, 1, learn, comm);
     // Now the sender that stops.
     MPI_Send(header.data(), static_cast<int>(header.size()), MPI_UINT64_T, 1, tag, comm);
     MPI_Send(meta.data(), static_cast<int>(meta.size()), MPI_BYTE, 1, tag, comm);
@@ -628,10 +668,11 @@ TEST_CASE("recv_dict rejects a sender whose metadata or data is shorter than ann
   const td::CollectiveOptions opts{.tag = user_tag};
   const TensorDict d = two_streams();
   const auto [header, meta] = RawPeer::learn(d, user_tag);
+  const int tag = wire_tag(0, 1, user_tag);
   // Metadata: the header announces all of it, 4 bytes come.
   if (rank == 0) {
-    MPI_Send(header.data(), static_cast<int>(header.size()), MPI_UINT64_T, 1, user_tag, comm);
-    MPI_Send(meta.data(), 4, MPI_BYTE, 1, user_tag, comm);
+    MPI_Send(header.data(), static_cast<int>(header.size()), MPI_UINT64_T, 1, tag, comm);
+    MPI_Send(meta.data(), 4, MPI_BYTE, 1, tag, comm);
   } else {
     try {
       (void)td::recv_dict(0, opts);
@@ -646,13 +687,13 @@ TEST_CASE("recv_dict rejects a sender whose metadata or data is shorter than ann
   // Data: header and metadata in full, the verdict taken, then the int64 stream in full and 100
   // of the 1000 float32 elements.
   if (rank == 0) {
-    MPI_Send(header.data(), static_cast<int>(header.size()), MPI_UINT64_T, 1, user_tag, comm);
-    MPI_Send(meta.data(), static_cast<int>(meta.size()), MPI_BYTE, 1, user_tag, comm);
+    MPI_Send(header.data(), static_cast<int>(header.size()), MPI_UINT64_T, 1, tag, comm);
+    MPI_Send(meta.data(), static_cast<int>(meta.size()), MPI_BYTE, 1, tag, comm);
     std::vector<char> verdict(512);
-    MPI_Recv(verdict.data(), 512, MPI_BYTE, 1, user_tag, comm, MPI_STATUS_IGNORE);
+    MPI_Recv(verdict.data(), 512, MPI_BYTE, 1, tag, comm, MPI_STATUS_IGNORE);
     REQUIRE(verdict[0] == 0);
-    MPI_Send(d.get({"y", "z"}).raw_data(), 10, MPI_INT64_T, 1, user_tag, comm);
-    MPI_Send(d.get("x").raw_data(), 100, MPI_FLOAT, 1, user_tag, comm);
+    MPI_Send(d.get({"y", "z"}).raw_data(), 10, MPI_INT64_T, 1, tag, comm);
+    MPI_Send(d.get("x").raw_data(), 100, MPI_FLOAT, 1, tag, comm);
   } else {
     try {
       (void)td::recv_dict(0, opts);

@@ -115,6 +115,7 @@ struct Peer {
   int rank;  // the peer, in the group
   int base;  // tag base of this call
   std::string what;
+  std::shared_ptr<void> block;  // the call's tag block, taken until its Work completes
 };
 
 Peer start_peer_call(int peer, std::string_view what, const char* peer_name, bool sending,
@@ -127,8 +128,9 @@ Peer start_peer_call(int peer, std::string_view what, const char* peer_name, boo
         detail::self_problem(peer_name, peer, g->rank),
         detail::timeout_problem(detail::timeout_of(opts)), detail::tag_problem(user_tag)})
     if (!problem.empty()) throw std::invalid_argument(fmt::format("{}: {}", what, problem));
-  const int base = g->tags->next_call_block(g->rank, peer, sending, user_tag, what);
-  return {std::move(g), comm, peer, base, std::string(what)};
+  detail::TagSpace::CallBlock block =
+      g->tags->next_call_block(g->rank, peer, sending, user_tag, what);
+  return {std::move(g), comm, peer, block.base, std::string(what), std::move(block.lease)};
 }
 
 // The bucket cap the sender asks for: 0 is one message per leaf.
@@ -240,6 +242,8 @@ TransferState begin_transfer(std::span<const LeafRef> leaves, int peer, std::str
   TransferState t{start_peer_call(peer, what, sending ? "dst" : "src", sending, opts),
                   transfer_of(leaves, std::move(local_error)), std::make_shared<WorkState>(),
                   std::make_shared<std::array<std::uint64_t, 2>>(), std::make_shared<int>(0)};
+  // The Work alone holds the call's tag block (copies of the Peer in its steps must not).
+  t.st->held.push_back(std::exchange(t.p.block, nullptr));
   t.st->deadline = detail::deadline_after(detail::timeout_of(opts));
   t.st->describe = [p = t.p, direction = sending ? "to" : "from"] {
     return fmt::format("{} {} rank {} of the group of {} ranks", p.what, direction, p.rank,

@@ -82,12 +82,21 @@ std::optional<Outgoing> try_outgoing(const TensorDict& d, std::string_view which
   }
 }
 
+// The counts and displacements of one v-collective (per rank, in elements) and their sum.
+struct VCounts {
+  std::vector<int> counts, displs;
+  int total = 0;
+};
+
 // Everything MPI reads or writes during a call (leaked, not freed, when a wait times out).
 struct Hold {
   std::vector<Tensor> tensors;
   std::deque<std::vector<std::byte>> bytes;  // a deque: references stay valid as it grows
-  std::deque<std::vector<int>> ints;
   std::vector<std::uint64_t> words;
+  // The v-collectives' counts and displacements: MPI reads them until the request completes,
+  // so they live as long as the buffers (also past a timeout, when the hold is leaked).
+  VCounts meta_counts;
+  std::vector<VCounts> per_dtype;
 
   // A sender's leaves, which its in-place messages read: held like every other buffer.
   void keep(const Outgoing& o) {
@@ -325,10 +334,6 @@ TensorDict result_of(const DictLayout& layout, const std::array<Tensor, kNumDTyp
 }
 
 // Element counts and displacements of a v-collective over dtype k, from every rank's record.
-struct VCounts {
-  std::vector<int> counts, displs;
-  int total = 0;
-};
 VCounts v_counts(const std::vector<Sizes>& table, std::size_t word, std::size_t isz,
                  std::string_view what) {
   VCounts v;
@@ -350,6 +355,18 @@ std::vector<std::size_t> dtypes_in(const std::vector<Sizes>& table) {
       out.push_back(k);
   }
   return out;
+}
+
+// Every count of a v-collective call (the metadata's bytes, then each dtype's elements), from
+// every rank's record, into `hold` (MPI reads them until the requests complete), before anything
+// is posted: a count beyond INT_MAX throws on every rank alike (they hold the same table), with no
+// request of the call pending.
+void count_messages(Hold& hold, const std::vector<Sizes>& table,
+                    const std::vector<std::size_t>& data_dtypes, std::string_view what) {
+  hold.meta_counts = v_counts(table, 0, 1, what);
+  hold.per_dtype.assign(kNumDTypes, {});
+  for (const std::size_t k : data_dtypes)
+    hold.per_dtype[k] = v_counts(table, 1 + k, itemsize(dtype_at(k)), what);
 }
 
 // ---- the gathers ---------------------------------------------------------------------------
@@ -392,13 +409,10 @@ std::vector<TensorDict> gather_dicts_impl(const TensorDict& value, bool all, int
                 table[r].begin());
     check_sizes(table[r], static_cast<int>(r), what);
   }
-  // Every count of the call, before anything is posted: a count beyond INT_MAX throws on every
-  // rank alike (they hold the same table), with no request of this call pending.
-  const VCounts mc = v_counts(table, 0, 1, what);
-  std::vector<VCounts> per_dtype(kNumDTypes);
   const std::vector<std::size_t> data_dtypes = dtypes_in(table);
-  for (const std::size_t k : data_dtypes)
-    per_dtype[k] = v_counts(table, 1 + k, itemsize(dtype_at(k)), what);
+  count_messages(*hold, table, data_dtypes, what);
+  const VCounts& mc = hold->meta_counts;
+  const std::vector<VCounts>& per_dtype = hold->per_dtype;
 
   // The region of rank r's part of a receive buffer of v-collective `v`.
   auto region_of = [&](std::byte* base, const VCounts& v, std::size_t r, std::size_t isz) {
@@ -508,8 +522,8 @@ struct Peer {
 
 // Local checks of a point-to-point call; a peer out of range (no one to tell) throws at once,
 // the others are returned to be sent to the peer first.
-Peer peer_of(int peer, std::string_view what, std::string_view role, const CollectiveOptions& opts,
-             std::string& err) {
+Peer peer_of(int peer, std::string_view what, std::string_view role, bool sending,
+             const CollectiveOptions& opts, std::string& err) {
   Peer p{detail::group_of(opts), {}, 0};
   p.g->checked_comm(what);
   for (const std::string& problem :
@@ -520,7 +534,8 @@ Peer peer_of(int peer, std::string_view what, std::string_view role, const Colle
   p.deadline = detail::deadline_after(timeout.count() > 0 ? timeout : detail::timeout_of({}));
   const int user_tag = opts.tag.value_or(0);
   if (err.empty()) err = detail::tag_problem(user_tag);
-  p.tag = p.g->tags->transport(std::clamp(user_tag, 0, kMaxUserTag - 1));
+  p.tag = detail::TagSpace::transport(p.g->rank, peer, sending,
+                                      std::clamp(user_tag, 0, kMaxUserTag - 1));
   if (err.empty()) err = option_error(opts);
   return p;
 }
@@ -714,12 +729,10 @@ TensorDict scatter_dicts(const std::vector<TensorDict>& parts, int src,
     check_sizes(table[r], src, what);
   }
   const detail::TailGuard guard(table[me][kGuardWord]);
-  // Every count of the call before anything is posted (the same table, the same verdict).
-  const VCounts mc = v_counts(table, 0, 1, what);
-  std::vector<VCounts> per_dtype(kNumDTypes);
   const std::vector<std::size_t> data_dtypes = dtypes_in(table);
-  for (const std::size_t k : data_dtypes)
-    per_dtype[k] = v_counts(table, 1 + k, itemsize(dtype_at(k)), what);
+  count_messages(*hold, table, data_dtypes, what);
+  const VCounts& mc = hold->meta_counts;
+  const std::vector<VCounts>& per_dtype = hold->per_dtype;
 
   auto& meta_all = hold->bytes.emplace_back(is_src ? static_cast<std::size_t>(mc.total) : 0);
   if (is_src) {
@@ -756,13 +769,9 @@ TensorDict scatter_dicts(const std::vector<TensorDict>& parts, int src,
       filled[k] = Region(recv, static_cast<std::size_t>(v.counts[me]) * itemsize(dtype));
       guard.arm(filled[k]);
     }
-    hold->ints.push_back(v.counts);
-    const int* counts = hold->ints.back().data();
-    hold->ints.push_back(v.displs);
-    const int* displs = hold->ints.back().data();
     const MPI_Datatype type = detail::mpi_datatype(dtype);
-    step.post(
-        detail::scatterv_call(send, counts, displs, type, recv, v.counts[me], type, src, comm));
+    step.post(detail::scatterv_call(send, v.counts.data(), v.displs.data(), type, recv,
+                                    v.counts[me], type, src, comm));
   }
   step.wait();
   try {
@@ -779,7 +788,7 @@ TensorDict scatter_dicts(const std::vector<TensorDict>& parts, int src,
 void send_dict(const TensorDict& value, int dst, const CollectiveOptions& opts) {
   constexpr std::string_view what = "td.send_dict";
   std::string err;
-  const Peer p = peer_of(dst, what, "dst", opts, err);
+  const Peer p = peer_of(dst, what, "dst", /*sending=*/true, opts, err);
   const detail::CallScope call(*p.g, what, detail::CallKind::PointToPoint, peer_summary(dst));
   std::optional<Outgoing> out;
   if (err.empty()) out = try_outgoing(value, "value", err);
@@ -840,7 +849,7 @@ void send_dict(const TensorDict& value, int dst, const CollectiveOptions& opts) 
 TensorDict recv_dict(int src, const CollectiveOptions& opts) {
   constexpr std::string_view what = "td.recv_dict";
   std::string err;
-  const Peer p = peer_of(src, what, "src", opts, err);
+  const Peer p = peer_of(src, what, "src", /*sending=*/false, opts, err);
   const detail::CallScope call(*p.g, what, detail::CallKind::PointToPoint, peer_summary(src));
   auto hold = std::make_shared<Hold>();
   const std::function<std::string()> describe = [&] {
