@@ -104,24 +104,12 @@ foreach(name IN ITEMS test_mpi_collectives test_mpi_tensordict test_mpi_sparse t
     list(GET layout 0 ranks)
     list(GET layout 1 hosts)
     _td_cluster_mpirun(cmd ${ranks})
-    set(filter "")
     set(env_prefix "")
     if(name STREQUAL "test_mpi_hierarchical")
       set(env_prefix env TD_HIERARCHICAL=auto)  # node-aware where the real hosts call for it
     endif()
-    if(name STREQUAL "test_mpi_reducer")
-      # Known open defect (docs/cluster.md, "Failures across hosts"): this case, with the
-      # progress thread posting the Reducer's buckets, stalls about 1 run in 20-70 at 4 ranks on
-      # 2 hosts of the namespace cluster. It runs here without the progress thread (below) and
-      # with it on one host (test_mpi_reducer.<N>ranks); the rest of the file runs as usual.
-      set(stalls "reducer: the group's other collectives between mark_ready calls")
-      set(filter "~${stalls}")
-      _td_cluster_test(
-        cluster.test_mpi_reducer.other_collectives_no_progress_thread.${ranks}ranks_${hosts}
-        COMMAND env TD_PROGRESS_THREAD=0 ${cmd} $<TARGET_FILE:${name}> "${stalls}")
-    endif()
     _td_cluster_test(cluster.${name}.${ranks}ranks_${hosts}
-      COMMAND ${env_prefix} ${cmd} $<TARGET_FILE:${name}> ${filter})
+      COMMAND ${env_prefix} ${cmd} $<TARGET_FILE:${name}>)
   endforeach()
 endforeach()
 

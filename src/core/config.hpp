@@ -18,12 +18,12 @@ struct Config {
   std::optional<std::size_t> bucket_bytes;           // TD_BUCKET_BYTES ("auto", "none" or bytes)
   bool check_layout = true;                          // TD_CHECK_LAYOUT (1/0)
   LogLevel log_level = LogLevel::Off;                // TD_LOG_LEVEL (off, warn, info, debug)
-  bool progress_thread = true;                       // TD_PROGRESS_THREAD (1/0)
-  bool autotune_cache = true;                        // TD_AUTOTUNE_CACHE (1/0)
-  bool autotune_refresh = false;                     // TD_AUTOTUNE_REFRESH (1/0), rank 0's counts
-  std::chrono::milliseconds autotune_budget{1000};   // TD_AUTOTUNE_BUDGET_MS
-  bool sync_pipeline = false;                        // TD_SYNC_PIPELINE (1/0)
-  int progress_interval_us = 50;                     // TD_PROGRESS_INTERVAL_US
+  std::optional<bool> progress_thread;  // TD_PROGRESS_THREAD (1/0); unset: on unless across hosts
+  bool autotune_cache = true;           // TD_AUTOTUNE_CACHE (1/0)
+  bool autotune_refresh = false;        // TD_AUTOTUNE_REFRESH (1/0), rank 0's counts
+  std::chrono::milliseconds autotune_budget{1000};  // TD_AUTOTUNE_BUDGET_MS
+  bool sync_pipeline = false;                       // TD_SYNC_PIPELINE (1/0)
+  int progress_interval_us = 50;                    // TD_PROGRESS_INTERVAL_US
   // TD_MALLOC_MMAP_THRESHOLD (bytes, or "off" = 0): glibc's mmap threshold set at init; the trim
   // threshold becomes 4x that. See apply_malloc_tuning().
   std::size_t malloc_mmap_threshold = std::size_t{64} << 20;

@@ -133,7 +133,11 @@ class Diagnoser {
         sigaction(SIGUSR1, &sa, nullptr);
       }
     }
-    const bool answer = config().diagnosis.count() > 0 && async_progress_enabled();
+    // Its own thread, also where async operations get no progress thread by default (across
+    // hosts under Open MPI 4); TD_PROGRESS_THREAD=0 turns both off, and only
+    // MPI_THREAD_MULTIPLE lets it call MPI beside the caller.
+    const bool answer = config().diagnosis.count() > 0 && thread_multiple() &&
+                        config().progress_thread.value_or(true);
     if (answer || !config().flight_recorder_dir.empty()) {
       stopping_ = false;
       thread_ = std::thread([this, answer] { loop(answer); });

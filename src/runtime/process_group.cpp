@@ -1,11 +1,13 @@
 #include "tensordict/process_group.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -122,6 +124,49 @@ void split_by_node(GroupState& g) {
   n.largest = *std::max_element(per_node.begin(), per_node.end());
 }
 
+// Whether the job's ranks run on more than one host (the real hosts, whatever
+// TD_TEST_RANKS_PER_NODE simulates): collective over MPI_COMM_WORLD.
+bool spans_several_hosts(int world_size) {
+  MPI_Comm local = MPI_COMM_NULL;
+  TD_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local));
+  int local_size = 0;
+  MPI_Comm_size(local, &local_size);
+  MPI_Comm_free(&local);
+  return local_size < world_size;
+}
+
+// Whether MPI is Open MPI before version 5 (its TCP transport is what stalls below).
+bool open_mpi_before_5() {
+  std::array<char, MPI_MAX_LIBRARY_VERSION_STRING> text{};
+  int len = 0;
+  MPI_Get_library_version(text.data(), &len);
+  const std::string_view v(text.data(), static_cast<std::size_t>(len));
+  constexpr std::string_view kPrefix = "Open MPI v";
+  if (!v.starts_with(kPrefix) || v.size() <= kPrefix.size()) return false;
+  const char major = v[kPrefix.size()];
+  return major >= '1' && major <= '4' &&
+         (v.size() == kPrefix.size() + 1 || v[kPrefix.size() + 1] == '.');
+}
+
+// The progress thread's default when TD_PROGRESS_THREAD does not say: off when the job spans
+// several hosts under Open MPI 4. Its TCP transport stalls nonblocking collectives that two
+// threads of a process drive at once, across hosts and under load: one rank's part of a
+// collective never completes while the others' did (reproduced without this library by
+// test/cluster/ompi_two_threads.cpp; docs/cluster.md). Within one host (shared memory) it was
+// never seen. Said once per job.
+void choose_progress_thread(int world_rank, int world_size) {
+  if (config().progress_thread || world_size < 2) return;
+  if (!spans_several_hosts(world_size) || !open_mpi_before_5()) return;
+  if (!progress_thread_default(false)) return;  // td::set_async_progress() said before init
+  log_info_once(world_rank, [] {
+    return std::string(
+        "progress thread: off, since the job spans several hosts under Open MPI 4 (its TCP "
+        "transport stalls collectives driven from two threads; docs/cluster.md): async "
+        "operations advance inside the library's calls, wait() and is_completed(); "
+        "TD_PROGRESS_THREAD=1 turns it on");
+  });
+}
+
 struct Runtime {
   bool initialized = false;
   bool we_initialized_mpi = false;
@@ -207,6 +252,7 @@ void init_impl(int* argc, char*** argv, const InitOptions& options) {
   std::vector<int> all(static_cast<std::size_t>(size));
   for (int i = 0; i < size; ++i) all[static_cast<std::size_t>(i)] = i;
   rt.world = make_group(MPI_COMM_WORLD, MPI_GROUP_NULL, std::move(all), nullptr, {});
+  choose_progress_thread(rt.world->rank, size);
   diagnosis_start();
   rt.initialized = true;
   // Once per job (rank 0): every rank of a job launched alike made the same choice.

@@ -221,6 +221,11 @@ void progress_others(const WorkState* except) { manual().run(except); }
 void progress_stop() { engine().stop(); }
 void progress_waiter(int delta) { engine().waiters_.fetch_add(delta, std::memory_order_relaxed); }
 
+bool progress_thread_default(bool on) {
+  int undecided = -1;
+  return g_enabled.compare_exchange_strong(undecided, on ? 1 : 0);
+}
+
 }  // namespace td::detail
 
 namespace td {
@@ -228,7 +233,8 @@ namespace td {
 void set_async_progress(bool enabled) { detail::g_enabled = enabled ? 1 : 0; }
 
 bool async_progress_enabled() {
-  if (detail::g_enabled < 0) detail::g_enabled = detail::config().progress_thread ? 1 : 0;
+  if (detail::g_enabled < 0)
+    detail::g_enabled = detail::config().progress_thread.value_or(true) ? 1 : 0;
   if (detail::g_enabled == 0) return false;
   int provided = MPI_THREAD_SINGLE, initialized = 0;
   MPI_Initialized(&initialized);

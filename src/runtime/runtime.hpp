@@ -256,4 +256,8 @@ void progress_settle_all(const std::string& why);
 /// is one, the thread polls without sleeping between rounds.
 void progress_waiter(int delta);
 
+/// Sets whether async operations get the progress thread, unless TD_PROGRESS_THREAD or
+/// td::set_async_progress() already decided it; true if this call decided it.
+bool progress_thread_default(bool on);
+
 }  // namespace td::detail
