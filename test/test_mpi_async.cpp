@@ -2,6 +2,11 @@
 // Works are pending, many operations in flight, move-assignment over a pending Work.
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
+#include <string_view>
+
+#include <mpi.h>
+
 #include <tensordict/tensordict.hpp>
 
 #include "support/reference.hpp"
@@ -86,12 +91,36 @@ TEST_CASE("many async calls in flight, waited in reverse order", "[async]") {
   for (const auto& [k, t] : e.items()) CHECK(holds_expected<float>(t, ReduceOp::SUM, size));
 }
 
+// The default of TD_PROGRESS_THREAD: on within one host, off when the job spans several hosts
+// under Open MPI 4 (docs/cluster.md, "Two threads in MPI across hosts"). Runs on one host in
+// `make test` and across hosts in the cluster suite.
+TEST_CASE("the progress thread's default follows the hosts the job spans", "[async]") {
+  if (const char* v = std::getenv("TD_PROGRESS_THREAD")) {
+    CHECK(td::async_progress_enabled() == (std::string_view(v) != "0"));
+    return;
+  }
+  MPI_Comm local = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
+  int local_size = 0;
+  MPI_Comm_size(local, &local_size);
+  MPI_Comm_free(&local);
+  const bool several_hosts = local_size < td::get_world_size();
+  std::string version(MPI_MAX_LIBRARY_VERSION_STRING, '\0');
+  int len = 0;
+  MPI_Get_library_version(version.data(), &len);
+  version.resize(static_cast<std::size_t>(len));
+  const bool open_mpi_4 = version.rfind("Open MPI v4.", 0) == 0;
+  INFO(version << "; several hosts: " << several_hosts);
+  CHECK(td::async_progress_enabled() == !(several_hosts && open_mpi_4));
+}
+
 TEST_CASE("async with the progress thread off still completes in wait()", "[async]") {
   const int rank = td::get_rank(), size = td::get_world_size();
+  const bool was = td::async_progress_enabled();
   td::set_async_progress(false);
   Tensor t = make_input<float>(ReduceOp::SUM, rank, {1 << 16});
   td::Work w = td::all_reduce(t, ReduceOp::SUM, kAsync);
   w.wait();
-  td::set_async_progress(true);
+  td::set_async_progress(was);
   CHECK(holds_expected<float>(t, ReduceOp::SUM, size));
 }

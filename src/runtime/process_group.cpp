@@ -155,8 +155,10 @@ bool open_mpi_before_5() {
 // test/cluster/ompi_two_threads.cpp; docs/cluster.md). Within one host (shared memory) it was
 // never seen. Said once per job.
 void choose_progress_thread(int world_rank, int world_size) {
-  if (config().progress_thread || world_size < 2) return;
-  if (!spans_several_hosts(world_size) || !open_mpi_before_5()) return;
+  if (world_size < 2) return;
+  // Collective: every rank asks, whatever its own TD_PROGRESS_THREAD says.
+  const bool several_hosts = spans_several_hosts(world_size);
+  if (config().progress_thread || !several_hosts || !open_mpi_before_5()) return;
   if (!progress_thread_default(false)) return;  // td::set_async_progress() said before init
   log_info_once(world_rank, [] {
     return std::string(
