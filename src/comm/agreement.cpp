@@ -81,28 +81,37 @@ std::string by_rank(const std::vector<std::string>& texts) {
                                        Clock::time_point deadline) {
   std::string desc = header + "\n" + arg_error + "\n";
   for (const std::string& line : describe_leaves(leaves, &a.layout)) desc += line + "\n";
-  auto lens = std::make_shared<std::vector<int>>(static_cast<std::size_t>(g.size));
-  int my_len = static_cast<int>(desc.size());
+  // Everything the two gathers touch, in one hold (leaked, not freed, if they time out).
+  struct Gathered {
+    int my_len = 0;
+    std::vector<int> lens, displs;
+    std::string mine, all;
+  };
+  auto gathered = std::make_shared<Gathered>();
+  Gathered& x = *gathered;
+  x.mine = desc;
+  x.my_len = static_cast<int>(desc.size());
+  x.lens.resize(static_cast<std::size_t>(g.size));
   const std::function<std::string()> describe = [&] {
     return fmt::format(
         "{}: ranks disagree on the layout, and gathering the details did not complete", call.name);
   };
-  post_and_wait(control(allgather_call(&my_len, 1, MPI_INT, lens->data(), 1, MPI_INT, g.comm)),
-                deadline, describe, lens);
-  std::vector<int> displs(lens->size(), 0);
-  for (std::size_t r = 1; r < lens->size(); ++r) displs[r] = displs[r - 1] + (*lens)[r - 1];
-  auto all =
-      std::make_shared<std::string>(static_cast<std::size_t>(displs.back() + lens->back()), '\0');
-  auto mine = std::make_shared<std::string>(desc);
-  post_and_wait(control(allgatherv_call(mine->data(), my_len, MPI_CHAR, all->data(), lens->data(),
-                                        displs.data(), MPI_CHAR, g.comm)),
-                deadline, describe,
-                std::make_shared<std::pair<decltype(all), decltype(mine)>>(all, mine));
+  post_and_wait(control(allgather_call(&x.my_len, 1, MPI_INT, x.lens.data(), 1, MPI_INT, g.comm)),
+                deadline, describe, gathered);
+  x.displs.assign(x.lens.size(), 0);
+  for (std::size_t r = 1; r < x.lens.size(); ++r) x.displs[r] = x.displs[r - 1] + x.lens[r - 1];
+  x.all.assign(static_cast<std::size_t>(x.displs.back() + x.lens.back()), '\0');
+  post_and_wait(control(allgatherv_call(x.mine.data(), x.my_len, MPI_CHAR, x.all.data(),
+                                        x.lens.data(), x.displs.data(), MPI_CHAR, g.comm)),
+                deadline, describe, gathered);
+  const std::vector<int>& lens = x.lens;
+  const std::vector<int>& displs = x.displs;
+  const std::string& all = x.all;
 
   std::vector<std::vector<std::string>> lines;
-  for (std::size_t r = 0; r < lens->size(); ++r)
+  for (std::size_t r = 0; r < lens.size(); ++r)
     lines.push_back(split_lines(
-        all->substr(static_cast<std::size_t>(displs[r]), static_cast<std::size_t>((*lens)[r]))));
+        all.substr(static_cast<std::size_t>(displs[r]), static_cast<std::size_t>(lens[r]))));
   const std::size_t ranks = lines.size();
   auto line_at = [&](std::size_t r, std::size_t i) {
     return i < lines[r].size() ? lines[r][i] : std::string();

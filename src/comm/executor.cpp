@@ -241,6 +241,10 @@ Step::Step(std::chrono::steady_clock::time_point deadline, std::function<std::st
            std::shared_ptr<void> hold, std::string_view what)
     : deadline_(deadline), describe_(std::move(describe)), hold_(std::move(hold)), what_(what) {}
 
+Step::~Step() {
+  if (!requests_.empty()) leak(std::move(hold_));
+}
+
 void Step::post(const DataCall& call, std::string phase) {
   requests_.push_back(MPI_REQUEST_NULL);
   detail::post(call, &requests_.back());

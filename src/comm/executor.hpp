@@ -121,6 +121,11 @@ class Step {
  public:
   Step(std::chrono::steady_clock::time_point deadline, std::function<std::string()> describe,
        std::shared_ptr<void> hold, std::string_view what);
+  /// Requests still pending (an exception between posts, or a wait that threw) keep `hold`
+  /// forever: MPI may still read or write it.
+  ~Step();
+  Step(const Step&) = delete;
+  Step& operator=(const Step&) = delete;
   /// Posts one call of the step; `phase` names it in a short-message error (receives).
   void post(const DataCall& call, std::string phase = {});
   /// Waits for every call posted since the last wait, then checks the receives' counts.

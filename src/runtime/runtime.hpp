@@ -147,6 +147,10 @@ void free_mpi_types();
 /// Divides every element of a contiguous buffer by `divisor` (AVG = SUM / group size).
 void divide_in_place(void* data, std::int64_t count, DType dtype, int divisor);
 
+/// Keeps `p` alive for the rest of the process: memory that a request still pending after a
+/// timeout or an error may read or write.
+void leak(std::shared_ptr<void> p);
+
 /// Polls `req` until it completes; throws td::TimeoutError (message from `describe`) when
 /// `deadline` passes first. On timeout `buffers` (what the request touches) is deliberately
 /// leaked: MPI may still write into it.
@@ -214,6 +218,7 @@ class WorkState {
   enum class Status { Pending, Done, Failed };
   bool complete_locked();
   void fail_locked(std::exception_ptr error);
+  void leak_buffers();  // what the requests touch, kept forever (they may still be pending)
   std::mutex mu_;
   std::condition_variable settled_cv_;
   Status status_ = Status::Pending;

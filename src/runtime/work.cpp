@@ -1,5 +1,6 @@
 #include "tensordict/work.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <mutex>
@@ -16,11 +17,10 @@ namespace td {
 
 namespace detail {
 
-namespace {
-// Buffers of requests abandoned after a timeout: MPI may still write into them, so they are
-// never freed (the communicator is unusable after a timeout anyway). They are kept reachable
-// from a process-lifetime list rather than dropped, so LeakSanitizer does not report a program
-// that handled a TimeoutError (a timeout test in the suite) as leaking.
+// Buffers of requests abandoned after a timeout or an error: MPI may still write into them, so
+// they are never freed (the communicator is unusable after a timeout anyway). They are kept
+// reachable from a process-lifetime list rather than dropped, so LeakSanitizer does not report a
+// program that handled a TimeoutError (a timeout test in the suite) as leaking.
 void leak(std::shared_ptr<void> p) {
   if (!p) return;
   static std::mutex mu;
@@ -28,6 +28,8 @@ void leak(std::shared_ptr<void> p) {
   std::lock_guard lock(mu);
   kept->push_back(std::move(p));
 }
+
+namespace {
 
 // Polling loops test without pausing at first (a small collective completes within microseconds),
 // then yield the core every few polls: with more ranks and threads than cores (oversubscribed
@@ -109,16 +111,25 @@ bool WorkState::complete_locked() {
 void WorkState::abandon(std::exception_ptr error) {
   std::lock_guard lock(mu_);
   if (status_ != Status::Pending) return;
+  leak_buffers();
+  then = nullptr;
+  fail_locked(std::move(error));
+}
+
+void WorkState::leak_buffers() {
   leak(std::move(buffer));
   for (auto& t : keep_alive) leak(std::make_shared<Tensor>(std::move(t)));
   for (auto& h : held) leak(std::move(h));
   keep_alive.clear();
   held.clear();
-  then = nullptr;
-  fail_locked(std::move(error));
 }
 
 void WorkState::fail_locked(std::exception_ptr error) {
+  // A phase that failed part-way (its next phase threw after posting some requests) may leave
+  // requests pending: MPI may still read or write what they touch, so it is never freed.
+  if (std::any_of(requests.begin(), requests.end(),
+                  [](MPI_Request r) { return r != MPI_REQUEST_NULL; }))
+    leak_buffers();
   error_ = std::move(error);
   status_ = Status::Failed;
   note_work_settled(call, false);
@@ -224,11 +235,7 @@ void WorkState::wait() {
 }
 
 WorkState::~WorkState() {
-  if (status_ == Status::Pending) {
-    leak(std::move(buffer));
-    for (auto& t : keep_alive) leak(std::make_shared<Tensor>(std::move(t)));
-    for (auto& h : held) leak(std::move(h));
-  }
+  if (status_ == Status::Pending) leak_buffers();
 }
 
 }  // namespace detail
