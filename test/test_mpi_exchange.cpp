@@ -408,42 +408,54 @@ TEST_CASE("transfers from two threads with their own tags do not mix", "[exchang
 TEST_CASE("more transfers in flight than a tag has blocks: refused, then paired in order",
           "[exchange]") {
   const int rank = td::get_rank(), size = td::get_world_size();
-  if (size < 2 || rank > 1) return;
+  if (size < 2) return;
+  const td::ProcessGroup pair = td::new_group({0, 1});  // collective over world
+  if (rank > 1) return;
   const int peer = 1 - rank;
   constexpr int kBlocks = 64;  // Open MPI's MPI_TAG_UB leaves 64 blocks per (peer, direction, tag)
   auto value_of = [](int i) { return td::Tensor::full<std::int64_t>({3}, 1000 + i); };
-  std::vector<TensorDict> dicts;
-  for (int i = 0; i <= kBlocks; ++i) {
-    TensorDict d;
-    d.set("v", rank == 0 ? value_of(i) : td::Tensor::zeros({3}, DType::Int64));
-    dicts.push_back(std::move(d));
-  }
-  std::vector<std::vector<td::Work>> works;
-  for (int i = 0; i < kBlocks; ++i)
-    works.push_back(rank == 0 ? dicts[i].isend(peer, {.tag = 9})
-                              : dicts[i].irecv(peer, {.tag = 9}));
-  // The 65th while the first is pending: refused on each side, nothing posted.
-  std::vector<td::Work> extra;
-  try {
-    extra =
-        rank == 0 ? dicts[kBlocks].isend(peer, {.tag = 9}) : dicts[kBlocks].irecv(peer, {.tag = 9});
-    FAIL("the 65th transfer in flight was accepted");
-  } catch (const td::Error& e) {
-    CHECK_THAT(e.what(),
-               Catch::Contains("64 point-to-point calls") && Catch::Contains("already in flight"));
-  }
-  // Receivers wait for their transfers last first: every one must still hold its own data.
-  for (int i = kBlocks - 1; i >= 0; --i) td::wait_all(works[static_cast<std::size_t>(i)]);
-  // With the first done, the 65th goes through and pairs with the peer's 65th.
-  extra =
-      rank == 0 ? dicts[kBlocks].isend(peer, {.tag = 9}) : dicts[kBlocks].irecv(peer, {.tag = 9});
-  td::wait_all(extra);
-  if (rank == 1)
+  // In each round one side (`early`) starts its 64 transfers and tries a 65th before the other
+  // side has started any, so none of its 64 can have completed: the 65th must be refused there.
+  for (const int early : {0, 1}) {
+    INFO("the side that starts first: rank " << early);
+    const bool sending = rank == 0;
+    const int tag = 9 + early;
+    std::vector<TensorDict> dicts;
     for (int i = 0; i <= kBlocks; ++i) {
-      INFO("transfer " << i);
-      CHECK(dicts[static_cast<std::size_t>(i)].get("v").to_vector<std::int64_t>() ==
-            value_of(i).to_vector<std::int64_t>());
+      TensorDict d;
+      d.set("v", sending ? value_of(i) : td::Tensor::zeros({3}, DType::Int64));
+      dicts.push_back(std::move(d));
     }
+    auto start = [&](int i) {
+      TensorDict& d = dicts[static_cast<std::size_t>(i)];
+      return sending ? d.isend(peer, {.tag = tag}) : d.irecv(peer, {.tag = tag});
+    };
+    std::vector<std::vector<td::Work>> works;
+    if (rank == early) {
+      for (int i = 0; i < kBlocks; ++i) works.push_back(start(i));
+      try {
+        auto extra = start(kBlocks);
+        FAIL("the 65th transfer in flight was accepted");
+      } catch (const td::Error& e) {
+        CHECK_THAT(e.what(), Catch::Contains("64 point-to-point calls") &&
+                                 Catch::Contains("already in flight"));
+      }
+    }
+    td::barrier(pair);
+    if (rank != early)
+      for (int i = 0; i < kBlocks; ++i) works.push_back(start(i));
+    // Both sides wait for their transfers last first: each must still hold its own data.
+    for (int i = kBlocks - 1; i >= 0; --i) td::wait_all(works[static_cast<std::size_t>(i)]);
+    // With the first done, the refused call goes through and pairs with the peer's 65th.
+    auto extra = start(kBlocks);
+    td::wait_all(extra);
+    if (!sending)
+      for (int i = 0; i <= kBlocks; ++i) {
+        INFO("transfer " << i);
+        CHECK(dicts[static_cast<std::size_t>(i)].get("v").to_vector<std::int64_t>() ==
+              value_of(i).to_vector<std::int64_t>());
+      }
+  }
 }
 
 TEST_CASE("a Tensor goes point to point, sync and async, into a strided receiver", "[exchange]") {
