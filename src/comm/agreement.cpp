@@ -100,7 +100,8 @@ std::string by_rank(const std::vector<std::string>& texts) {
                 deadline, describe, gathered);
   x.displs.assign(x.lens.size(), 0);
   for (std::size_t r = 1; r < x.lens.size(); ++r) x.displs[r] = x.displs[r - 1] + x.lens[r - 1];
-  x.all.assign(static_cast<std::size_t>(x.displs.back() + x.lens.back()), '\0');
+  x.all.assign(static_cast<std::size_t>(x.displs.back()) + static_cast<std::size_t>(x.lens.back()),
+               '\0');
   post_and_wait(control(allgatherv_call(x.mine.data(), x.my_len, MPI_CHAR, x.all.data(),
                                         x.lens.data(), x.displs.data(), MPI_CHAR, g.comm)),
                 deadline, describe, gathered);
