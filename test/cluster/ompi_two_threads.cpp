@@ -5,16 +5,18 @@
 //
 // Every rank runs N iterations of an 8000-byte MPI_Iallreduce on one duplicate of
 // MPI_COMM_WORLD and N iterations of a 64-byte one on another: with --threads, each stream on a
-// thread of its own (as the caller's thread and the progress thread would); without it, both
-// from the main thread, posted in an order that differs by rank and iteration. An iteration
-// that takes more than 30 s is reported as a stall and aborts the job; a wrong sum aborts it too.
+// thread of its own (the second sleeps 20 us between its tests, as a progress thread does);
+// without it, both from the main thread, posted in an order that differs by rank and iteration.
+// An iteration that takes more than 30 s is reported as a stall and aborts the job; a wrong sum
+// aborts it too.
 //
 //   td-cluster up 2
 //   td-cluster run -- mpirun -np 4 --host td-h1:2,td-h2:2 --mca pml ob1
 //       --mca btl self,tcp build/bin/ompi_two_threads --threads 3000   (one line)
 //
 // Measured 2026-12-04 (Open MPI 4.1.4, 4 ranks on 2 namespace hosts over TCP, two busy loops
-// beside it): --threads stalled in 1-3 of every 4-8 runs, the one-thread form in 0 of 8.
+// beside it and a build running): --threads stalled in 3 of 6 runs, the one-thread form in 0 of
+// 5. Without the busy loops --threads passed 6 of 6: load makes it likely, not possible.
 #include <mpi.h>
 
 #include <chrono>
@@ -37,12 +39,15 @@ void post(std::vector<double>& data, MPI_Comm comm, MPI_Request* req) {
                  comm, req);
 }
 
-// Tests `reqs` until they complete; aborts the job after kStall.
-void finish(std::vector<MPI_Request>& reqs, const char* what, long iteration) {
+// Tests `reqs` until they complete, sleeping `pause` between tests (as a progress thread does);
+// aborts the job after kStall.
+void finish(std::vector<MPI_Request>& reqs, const char* what, long iteration,
+            std::chrono::microseconds pause = {}) {
   const auto start = std::chrono::steady_clock::now();
   int done = 0;
   while (done == 0) {
     MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE);
+    if (done == 0 && pause.count() > 0) std::this_thread::sleep_for(pause);
     if (done == 0 && std::chrono::steady_clock::now() - start > kStall) {
       std::fprintf(stderr, "rank %d: %s iteration %ld stalled\n", g_rank, what, iteration);
       MPI_Abort(MPI_COMM_WORLD, 3);
@@ -61,13 +66,14 @@ void check(const std::vector<double>& data, double each_rank_plus, long iteratio
 }
 
 // One stream of allreduces on `comm`, `count` doubles each.
-void stream(MPI_Comm comm, std::size_t count, long iterations, const char* what) {
+void stream(MPI_Comm comm, std::size_t count, long iterations, const char* what,
+            std::chrono::microseconds pause = {}) {
   std::vector<double> data(count);
   std::vector<MPI_Request> req(1);
   for (long i = 0; i < iterations; ++i) {
     data.assign(count, g_rank + static_cast<double>(i));
     post(data, comm, req.data());
-    finish(req, what, i);
+    finish(req, what, i, pause);
     check(data, static_cast<double>(i), i);
   }
 }
@@ -96,7 +102,8 @@ int main(int argc, char** argv) {
   MPI_Comm_dup(MPI_COMM_WORLD, &big);
   MPI_Comm_dup(MPI_COMM_WORLD, &small);
   if (threads) {
-    std::thread side([&] { stream(small, 8, iterations, "thread 2 (64 B)"); });
+    std::thread side(
+        [&] { stream(small, 8, iterations, "thread 2 (64 B)", std::chrono::microseconds(20)); });
     stream(big, 1000, iterations, "thread 1 (8000 B)");
     side.join();
   } else {
