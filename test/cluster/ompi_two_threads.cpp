@@ -16,7 +16,8 @@
 //
 // Measured 2026-12-04 (Open MPI 4.1.4, 4 ranks on 2 namespace hosts over TCP, two busy loops
 // beside it and a build running): --threads stalled in 3 of 6 runs, the one-thread form in 0 of
-// 5. Without the busy loops --threads passed 6 of 6: load makes it likely, not possible.
+// 5. With only the build beside it, --threads without the 20 us pause passed 6 of 6: load makes
+// the stall likely, two threads make it possible.
 #include <mpi.h>
 
 #include <chrono>
