@@ -204,12 +204,7 @@ std::string spread_text(const autotune::Choice& c) {
 // What else ran on rank 0's host while we measured: the 1-minute load average (times 1000), this
 // job's ranks on that host, and its online CPUs. Collective; rank 0's figures on every rank.
 std::array<std::uint64_t, 3> host_load(GroupState& g) {
-  MPI_Comm local = MPI_COMM_NULL;
-  TD_MPI_CHECK(MPI_Comm_split_type(g.comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local));
-  int local_ranks = 1;
-  MPI_Comm_size(local, &local_ranks);
-  MPI_Comm_free(&local);
-  std::array<std::uint64_t, 3> out{0, static_cast<std::uint64_t>(local_ranks), 0};
+  std::array<std::uint64_t, 3> out{0, static_cast<std::uint64_t>(ranks_on_this_host(g.comm)), 0};
   if (g.rank == 0) {
     double load = 0;
     if (getloadavg(&load, 1) == 1) out[0] = static_cast<std::uint64_t>(load * 1000);

@@ -49,6 +49,15 @@ GroupState::~GroupState() {
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
 }
 
+int ranks_on_this_host(MPI_Comm comm) {
+  MPI_Comm local = MPI_COMM_NULL;
+  TD_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local));
+  int local_ranks = 1;
+  MPI_Comm_size(local, &local_ranks);
+  MPI_Comm_free(&local);
+  return local_ranks;
+}
+
 bool node_aware(const GroupState& g) {
   // Off unless asked: measured across 2 hosts x 2 ranks at 1 Gbit/s (docs/cluster.md), the
   // node-aware path is faster for bucketed dicts and the Reducer but 1.2-1.3x slower for one
@@ -124,17 +133,6 @@ void split_by_node(GroupState& g) {
   n.largest = *std::max_element(per_node.begin(), per_node.end());
 }
 
-// Whether the job's ranks run on more than one host (the real hosts, whatever
-// TD_TEST_RANKS_PER_NODE simulates): collective over MPI_COMM_WORLD.
-bool spans_several_hosts(int world_size) {
-  MPI_Comm local = MPI_COMM_NULL;
-  TD_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local));
-  int local_size = 0;
-  MPI_Comm_size(local, &local_size);
-  MPI_Comm_free(&local);
-  return local_size < world_size;
-}
-
 // Whether MPI is Open MPI before version 5 (its TCP transport is what stalls below).
 bool open_mpi_before_5() {
   std::array<char, MPI_MAX_LIBRARY_VERSION_STRING> text{};
@@ -157,7 +155,8 @@ bool open_mpi_before_5() {
 void choose_progress_thread(int world_rank, int world_size) {
   if (world_size < 2) return;
   // Collective: every rank asks, whatever its own TD_PROGRESS_THREAD says.
-  const bool several_hosts = spans_several_hosts(world_size);
+  // The real hosts, whatever TD_TEST_RANKS_PER_NODE simulates.
+  const bool several_hosts = ranks_on_this_host(MPI_COMM_WORLD) < world_size;
   if (config().progress_thread || !several_hosts || !open_mpi_before_5()) return;
   if (!progress_thread_default(false)) return;  // td::set_async_progress() said before init
   log_info_once(world_rank, [] {

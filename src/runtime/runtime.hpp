@@ -101,6 +101,9 @@ struct GroupAccess {
   }
 };
 
+/// How many ranks of `comm` share this rank's memory (its host). Collective over `comm`.
+int ranks_on_this_host(MPI_Comm comm);
+
 /// Whether all_reduce / reduce / broadcast on `g` run node-aware: TD_HIERARCHICAL, else whether
 /// the group spans several nodes with more than one of its ranks on some node.
 bool node_aware(const GroupState& g);
