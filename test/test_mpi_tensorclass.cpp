@@ -3,6 +3,7 @@
 // and not, in the world and in a group that leaves ranks out.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -473,4 +474,153 @@ TEST_CASE("the filling forms and isend / irecv on a struct, async", "[tensorclas
       CHECK(is_batch_of(got, prev));
     }
   }
+}
+
+TEST_CASE("uneven reduce_scatter returns this rank's rows as a struct", "[tensorclass]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  // rank r < size - 1 gets r rows (rank 0 none), the last rank the rest.
+  std::vector<std::int64_t> rows_per_rank(static_cast<std::size_t>(size));
+  std::int64_t used = 0;
+  for (int r = 0; r + 1 < size; ++r) used += rows_per_rank[static_cast<std::size_t>(r)] = r;
+  rows_per_rank.back() = kRows - used;
+  std::int64_t first_row = 0;
+  for (int r = 0; r < rank; ++r) first_row += rows_per_rank[static_cast<std::size_t>(r)];
+  const std::int64_t rows = rows_per_rank[static_cast<std::size_t>(rank)];
+  for (const ReduceOp op : {ReduceOp::SUM, ReduceOp::MAX}) {
+    for (const auto& v : kVariants) {
+      INFO("op=" << td::name(op) << " " << describe(v));
+      const Batch b = make_batch(rank);
+      const Batch shard = b.reduce_scatter(rows_per_rank, op, options(v));
+      CHECK(shard.batch_size() == td::Shape{rows});
+      CHECK(fields_hold(
+          shard,
+          [&](int id, std::int64_t i) {
+            const FieldSpec& s = field_specs()[static_cast<std::size_t>(id)];
+            std::int64_t per_row = 1;
+            for (std::size_t k = 1; k < s.shape.size(); ++k) per_row *= s.shape[k];
+            return reduced(op, size, id, first_row * per_row + i);
+          },
+          rows));
+      CHECK(is_batch_of(b, rank));
+    }
+  }
+}
+
+namespace {
+
+// A struct for transport: its fields' shapes differ per rank (rows), which the receivers need
+// not know.
+struct Pair : td::TensorClass<Pair> {
+  Tensor x;  // float32 [rows, 2]
+  Tensor y;  // int64 [rows]
+  TD_TENSORCLASS_FIELDS(Pair, x, y)
+};
+
+Pair make_pair(int who) {
+  const std::int64_t rows = who + 1;
+  Pair p;
+  p.set_batch_size({rows});
+  p.x = filled<float>({rows, 2}, who, 0);
+  p.y = filled<std::int64_t>({rows}, who, 1);
+  return p;
+}
+
+bool is_pair_of(const Pair& p, int who) {
+  const std::int64_t rows = who + 1;
+  return p.batch_size() == td::Shape{rows} &&
+         holds(p.x, {rows, 2}, [&](std::int64_t i) { return value(who, 0, i); }) &&
+         holds(p.y, {rows}, [&](std::int64_t i) { return value(who, 1, i); });
+}
+
+}  // namespace
+
+TEST_CASE("transport without a prior layout takes and returns structs",
+          "[tensorclass][transport]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  const int root = size - 1;
+  const Pair mine = make_pair(rank);
+
+  // Receivers hold a default-constructed struct (undefined fields): read on the root only.
+  const Pair from_root = td::broadcast_dict(rank == root ? mine : Pair{}, root);
+  CHECK(is_pair_of(from_root, root));
+
+  const std::vector<Pair> all = td::all_gather_dicts(mine);
+  REQUIRE(all.size() == static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) CHECK(is_pair_of(all[static_cast<std::size_t>(r)], r));
+
+  const std::vector<Pair> at_root = td::gather_dicts(mine, root);
+  CHECK(at_root.size() == (rank == root ? static_cast<std::size_t>(size) : 0u));
+  for (std::size_t r = 0; r < at_root.size(); ++r)
+    CHECK(is_pair_of(at_root[r], static_cast<int>(r)));
+
+  std::vector<Pair> parts;
+  if (rank == root)
+    for (int r = 0; r < size; ++r) parts.push_back(make_pair(r + 10));
+  else
+    parts.resize(2);  // ignored off the root, even though these cannot be converted
+  CHECK(is_pair_of(td::scatter_dicts(parts, root), rank + 10));
+
+  if (size > 1) {
+    const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+    if (rank % 2 == 0) {
+      td::send_dict(mine, next);
+      CHECK(is_pair_of(td::recv_dict<Pair>(prev), prev));
+    } else {
+      const Pair got = td::recv_dict<Pair>(prev);
+      td::send_dict(mine, next);
+      CHECK(is_pair_of(got, prev));
+    }
+  }
+}
+
+TEST_CASE("scatter reads the parts on src only", "[tensorclass]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  Batch b = make_batch(-1);
+  std::vector<Batch> parts;
+  if (rank == 0)
+    for (int r = 0; r < size; ++r) parts.push_back(make_batch(r + 20));
+  else
+    parts.resize(static_cast<std::size_t>(size));  // undefined fields: never converted here
+  b.scatter(0, parts);
+  CHECK(is_batch_of(b, rank + 20));
+}
+
+TEST_CASE("an undefined field on one rank fails every rank, none waits for it",
+          "[tensorclass][errors]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  if (size < 2) return;
+  const int bad = size - 1;
+  // The timeout only bounds the failure of a regression (a rank left waiting): a passing run
+  // never waits for it.
+  const td::CollectiveOptions opts{.timeout = std::chrono::seconds(20)};
+  auto expect_failure = [&](const char* what, auto&& call) {
+    INFO(what);
+    try {
+      call();
+      FAIL("expected an error");
+    } catch (const td::TimeoutError& e) {
+      FAIL("a rank was left waiting: " << e.what());
+    } catch (const td::Error& e) {
+      if (rank == bad) CHECK_THAT(e.what(), Catch::Matchers::Contains("field 'obs.joints'"));
+    }
+  };
+  Batch b = make_batch(rank);
+  if (rank == bad) b.obs.joints = Tensor();
+  expect_failure("all_reduce", [&] { b.all_reduce(ReduceOp::SUM, opts); });
+  expect_failure("broadcast", [&] { b.broadcast(0, opts); });
+  expect_failure("all_gather", [&] { (void)b.all_gather(opts); });
+  expect_failure("reduce_scatter", [&] { (void)b.reduce_scatter(ReduceOp::SUM, opts); });
+  expect_failure("all_gather_dicts", [&] { (void)td::all_gather_dicts(b, opts); });
+  expect_failure("broadcast_dict from the bad rank",
+                 [&] { (void)td::broadcast_dict(b, bad, opts); });
+  if (rank == 0 || rank == bad) {
+    // The bad rank sends an empty dict; rank 0 cannot make a Batch of it.
+    expect_failure("send_dict / recv_dict", [&] {
+      if (rank == bad)
+        td::send_dict(b, 0, opts);
+      else
+        (void)td::recv_dict<Batch>(bad, opts);
+    });
+  }
+  td::barrier();
 }

@@ -11,6 +11,7 @@
 #include <variant>
 #include <vector>
 
+#include "tensordict/dict_collectives.hpp"
 #include "tensordict/key.hpp"
 #include "tensordict/reduce_op.hpp"
 #include "tensordict/tensor.hpp"
@@ -117,80 +118,10 @@ class TD_API TensorDict {
   /// Same as equal().
   friend bool operator==(const TensorDict& a, const TensorDict& b) { return a.equal(b); }
 
-  /// Reduces every leaf across the group into every rank. Returns the pending Works when
-  /// opts.async_op, else an empty vector (everything done).
-  std::vector<Work> all_reduce(
-      ReduceOp op = ReduceOp::SUM,
-      const CollectiveOptions& opts = detail::default_collective_options());
-  /// Reduces every leaf into rank `dst`; other ranks' leaves are left unspecified.
-  std::vector<Work> reduce(int dst, ReduceOp op = ReduceOp::SUM,
-                           const CollectiveOptions& opts = detail::default_collective_options());
-  /// Copies every leaf of rank `src` into every rank's dict (same layout on every rank).
-  std::vector<Work> broadcast(int src,
-                              const CollectiveOptions& opts = detail::default_collective_options());
-  /// Sends every leaf to rank `dst`, whose matching recv() holds the same layout (checked first:
-  /// a mismatch is a td::LayoutMismatchError on both sides naming the key, and moves no data).
-  /// Leaves go in canonical order, one message per leaf; with opts.bucket_bytes one per bucket,
-  /// and with kAutoBucketBytes one per dtype (consolidated). With opts.async_op the one returned
-  /// Work is pending and the leaves must not change until it completes.
-  std::vector<Work> send(int dst,
-                         const CollectiveOptions& opts = detail::default_collective_options());
-  /// Receives every leaf from rank `src` into this dict, which holds the sender's layout (the
-  /// bucketing is the sender's choice). With opts.async_op the leaves are valid after wait().
-  std::vector<Work> recv(int src,
-                         const CollectiveOptions& opts = detail::default_collective_options());
-  /// send() with async_op set (torch.distributed.isend).
-  [[nodiscard]] std::vector<Work> isend(
-      int dst, const CollectiveOptions& opts = detail::default_collective_options());
-  /// recv() with async_op set (torch.distributed.irecv).
-  [[nodiscard]] std::vector<Work> irecv(
-      int src, const CollectiveOptions& opts = detail::default_collective_options());
-  /// Every rank's dict: [r] is rank r's (with fresh storage). Runs to completion even with
-  /// opts.async_op; the overload that fills `out` can return pending Works.
-  std::vector<TensorDict> all_gather(
-      const CollectiveOptions& opts = detail::default_collective_options()) const;
-  /// all_gather into `out` (torch.distributed.all_gather's tensor_list): `out` is replaced by one
-  /// dict per rank right away; with opts.async_op their leaves are valid after every returned
-  /// Work's wait().
-  std::vector<Work> all_gather(
-      std::vector<TensorDict>& out,
-      const CollectiveOptions& opts = detail::default_collective_options()) const;
-  /// Every rank's dict stacked along a new leading dimension: each leaf becomes [size, *shape]
-  /// (row r is rank r's) and the batch size [size, *batch_size]. One leaf per bucket is received
-  /// straight into the stacked tensor.
-  TensorDict all_gather_stacked(
-      const CollectiveOptions& opts = detail::default_collective_options()) const;
-  /// all_gather_stacked into `out` (replaced right away; with opts.async_op valid after wait()).
-  std::vector<Work> all_gather_stacked(
-      TensorDict& out, const CollectiveOptions& opts = detail::default_collective_options()) const;
-  /// Every rank's dict on `dst` ([r] is rank r's); an empty vector on other ranks.
-  std::vector<TensorDict> gather(
-      int dst, const CollectiveOptions& opts = detail::default_collective_options()) const;
-  /// gather into `out` on `dst` (emptied on other ranks); with opts.async_op valid after wait().
-  std::vector<Work> gather(
-      int dst, std::vector<TensorDict>& out,
-      const CollectiveOptions& opts = detail::default_collective_options()) const;
-  /// On src, parts[r] goes to rank r; every rank's *this already holds the layout of one part.
-  std::vector<Work> scatter(int src, const std::vector<TensorDict>& parts,
-                            const CollectiveOptions& opts = detail::default_collective_options());
-  /// Every leaf's first dimension split evenly across the group; returns this rank's reduced shard
-  /// (rows [rank * n / size, (rank + 1) * n / size) of the reduced leaf). Bucketed like
-  /// all_reduce: one MPI_Reduce_scatter_block per bucket.
-  TensorDict reduce_scatter(
-      ReduceOp op = ReduceOp::SUM,
-      const CollectiveOptions& opts = detail::default_collective_options()) const;
-  /// reduce_scatter into `out` (replaced right away by the shard dict; with opts.async_op its
-  /// leaves are valid after every returned Work's wait()).
-  std::vector<Work> reduce_scatter(
-      TensorDict& out, ReduceOp op = ReduceOp::SUM,
-      const CollectiveOptions& opts = detail::default_collective_options()) const;
-  /// Uneven reduce_scatter: rows_per_rank[r] rows of every leaf's first dimension go to rank r
-  /// (the sizes must sum to every leaf's first dimension and agree on every rank). Returns this
-  /// rank's reduced rows; one MPI_Reduce_scatter with per-rank counts per bucket. Runs to
-  /// completion even with opts.async_op.
-  TensorDict reduce_scatter(
-      const std::vector<std::int64_t>& rows_per_rank, ReduceOp op = ReduceOp::SUM,
-      const CollectiveOptions& opts = detail::default_collective_options()) const;
+  // The collectives: all_reduce, reduce, broadcast, send, recv, isend, irecv, all_gather,
+  // all_gather_stacked, gather, scatter, reduce_scatter (each documented in
+  // tensordict/dict_collectives.hpp, the one list tensorclasses take theirs from too).
+  TD_DETAIL_DICT_COLLECTIVES(TD_DETAIL_DICT_DECLARE, TensorDict)
 
  private:
   friend struct detail::DictAccess;

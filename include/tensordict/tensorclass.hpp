@@ -6,7 +6,9 @@
 #include <array>
 #include <concepts>
 #include <cstddef>
+#include <exception>
 #include <functional>
+#include <optional>
 #include <ostream>
 #include <stdexcept>
 #include <string>
@@ -24,7 +26,23 @@
 #include "tensordict/tensor.hpp"
 #include "tensordict/tensor_dict.hpp"
 #include "tensordict/tensorclass_type.hpp"
+#include "tensordict/transport.hpp"
 #include "tensordict/work.hpp"
+
+/// @cond
+// A tensorclass's member for one entry of TD_DETAIL_DICT_COLLECTIVES: TensorDict's member of the
+// same name on the fields' dict, through TensorClass::td_dict_call_<access>.
+#define TD_DETAIL_TC_CONST_in_place
+#define TD_DETAIL_TC_CONST_reads const
+#define TD_DETAIL_TC_COLLECTIVE(access, attr, ret, name, params, args, cv)                  \
+  attr ret name params TD_DETAIL_TC_CONST_##access {                                        \
+    auto call = [](TensorDict& d, auto&&... a) {                                            \
+      return d.name(std::forward<decltype(a)>(a)...);                                       \
+    };                                                                                      \
+    /* args is a parenthesised argument list: */                                            \
+    return this->td_dict_call_##access(call) args; /* NOLINT(bugprone-macro-parentheses) */ \
+  }
+/// @endcond
 
 namespace td {
 
@@ -271,6 +289,167 @@ struct TensorClassAccess {
   }
 };
 
+// ---- A tensorclass's collectives: TensorDict's, with the structs converted --------------
+
+// The struct a collective works on in place: passed as its dict, its fields rebound after.
+template <class D>
+struct InPlace {
+  D& self;
+};
+
+// A struct (or list of structs) read on the root only, like TensorDict's `parts` and
+// broadcast_dict's `value`: other ranks pass an empty dict (list) without converting theirs.
+template <class T>
+struct ReadOn {
+  const T& value;
+  bool here;
+};
+
+// This rank's rank in the call's group (-1 if it is not a member or nothing is initialised).
+inline int rank_in(const CollectiveOptions& opts) {
+  if (opts.group) return opts.group->rank();
+  return is_initialized() ? get_rank() : -1;
+}
+
+template <class T>
+ReadOn<T> read_on(int root, const CollectiveOptions& opts, const T& value) {
+  return {value, rank_in(opts) == root};
+}
+
+// How call_with_dicts passes one argument A (as deduced by a forwarding reference: T& for an
+// lvalue, T for an rvalue) to TensorDict's function, and what
+// it writes back when that succeeds. Anything that is not a struct passes through.
+template <class D, class A>
+struct DictArg {
+  A&& value;
+  DictArg(A&& v, std::exception_ptr&) : value(std::forward<A>(v)) {}
+  A&& get() { return std::forward<A>(value); }
+  void write_back() {}
+};
+
+// Converts a struct (or each of a list) to its dict; a conversion that throws (an undefined
+// field, a shape off the batch size) is kept in `failed` and an empty dict (list) takes its
+// place, so that this rank still joins the call and its peers fail instead of waiting for it.
+template <class D, class In, class Out>
+Out converted(const In& in, std::exception_ptr& failed) {
+  try {
+    if constexpr (std::is_same_v<In, D>) {
+      return in.to_tensordict();
+    } else {
+      Out out;
+      out.reserve(in.size());
+      for (const D& x : in) out.push_back(x.to_tensordict());
+      return out;
+    }
+  } catch (...) {
+    if (!failed) failed = std::current_exception();
+    return Out{};
+  }
+}
+
+template <class D>
+struct DictArg<D, const D&> {  // a struct read
+  TensorDict dict;
+  DictArg(const D& v, std::exception_ptr& failed) : dict(converted<D, D, TensorDict>(v, failed)) {}
+  TensorDict& get() { return dict; }
+  void write_back() {}
+};
+template <class D>
+struct DictArg<D, const std::vector<D>&> {  // structs read
+  std::vector<TensorDict> dicts;
+  DictArg(const std::vector<D>& v, std::exception_ptr& failed)
+      : dicts(converted<D, std::vector<D>, std::vector<TensorDict>>(v, failed)) {}
+  std::vector<TensorDict>& get() { return dicts; }
+  void write_back() {}
+};
+template <class D, class T>
+struct DictArg<D, ReadOn<T>> {  // read on the root only
+  using Dicts = std::conditional_t<std::is_same_v<T, D>, TensorDict, std::vector<TensorDict>>;
+  Dicts dicts;
+  DictArg(ReadOn<T> v, std::exception_ptr& failed)
+      : dicts(v.here ? converted<D, T, Dicts>(v.value, failed) : Dicts{}) {}
+  Dicts& get() { return dicts; }
+  void write_back() {}
+};
+template <class D>
+struct DictArg<D, InPlace<D>> {  // the struct the call writes
+  D& self;
+  TensorDict dict;
+  DictArg(InPlace<D> v, std::exception_ptr& failed)
+      : self(v.self), dict(converted<D, D, TensorDict>(v.self, failed)) {}
+  TensorDict& get() { return dict; }
+  void write_back() { TensorClassAccess::rebind(self, dict); }
+};
+template <class D>
+struct DictArg<D, D&> {  // a struct the call fills (`out`)
+  D& out;
+  TensorDict dict;
+  DictArg(D& v, std::exception_ptr&) : out(v) {}
+  TensorDict& get() { return dict; }
+  void write_back() { out = D::from_tensordict(dict); }
+};
+template <class D>
+struct DictArg<D, std::vector<D>&> {  // structs the call fills (`out`)
+  std::vector<D>& out;
+  std::vector<TensorDict> dicts;
+  DictArg(std::vector<D>& v, std::exception_ptr&) : out(v) {}
+  std::vector<TensorDict>& get() { return dicts; }
+  void write_back() {
+    std::vector<D> structs;
+    structs.reserve(dicts.size());
+    for (const TensorDict& d : dicts) structs.push_back(D::from_tensordict(d));
+    out = std::move(structs);
+  }
+};
+
+// A result of TensorDict's function as the tensorclass returns it.
+template <class D>
+std::vector<Work> as_struct(std::vector<Work>&& works) {
+  return std::move(works);
+}
+template <class D>
+D as_struct(TensorDict&& d) {
+  return D::from_tensordict(d);
+}
+template <class D>
+std::vector<D> as_struct(std::vector<TensorDict>&& dicts) {
+  std::vector<D> out;
+  out.reserve(dicts.size());
+  for (const TensorDict& d : dicts) out.push_back(D::from_tensordict(d));
+  return out;
+}
+
+// Calls fn (a TensorDict collective or transport function) with every struct argument passed as
+// its dict, then writes the results back into the structs and returns fn's result as structs.
+// A struct that cannot be converted is an empty dict in the call (see converted()): the peers
+// get the call's error (a layout mismatch, a missing key) and this rank throws its own.
+template <class D, class F, class... A>
+auto call_with_dicts(F& fn, A&&... a) {
+  std::exception_ptr failed;
+  std::tuple<DictArg<D, A>...> args{DictArg<D, A>(std::forward<A>(a), failed)...};
+  auto call = [&] { return std::apply([&](auto&... x) { return fn(x.get()...); }, args); };
+  using R = decltype(call());
+  if constexpr (std::is_void_v<R>) {
+    try {
+      call();
+    } catch (...) {
+      if (!failed) throw;
+    }
+    if (failed) std::rethrow_exception(failed);
+    std::apply([](auto&... x) { (x.write_back(), ...); }, args);
+  } else {
+    std::optional<R> result;
+    try {
+      result.emplace(call());
+    } catch (...) {
+      if (!failed) throw;
+    }
+    if (failed) std::rethrow_exception(failed);
+    std::apply([](auto&... x) { (x.write_back(), ...); }, args);
+    return as_struct<D>(std::move(*result));
+  }
+}
+
 }  // namespace detail
 
 /// CRTP base of a tensorclass: a struct of td::Tensor fields and nested tensorclasses that
@@ -288,6 +467,16 @@ struct TensorClassAccess {
 /// semantics (canonical sorted key order, layout agreement, bucketing, errors) are
 /// TensorDict's. A field that is an undefined td::Tensor makes every operation but equal() and
 /// printing throw td::Error naming it. See docs/tensorclass.md.
+///
+/// Collectives: every collective member of TensorDict, generated from the same list
+/// (tensordict/dict_collectives.hpp), with the same parameters and defaults; a TensorDict in a
+/// parameter or result is a struct of this type. all_reduce, reduce, broadcast, recv, irecv and
+/// scatter write the fields in place (a field the collective replaces, such as a sparse one, is
+/// rebound); the others are const. The transport functions (broadcast_dict, send_dict,
+/// recv_dict<T>, all_gather_dicts, gather_dicts, scatter_dicts) take and return structs too. A
+/// rank whose struct cannot be converted (an undefined field, a shape off the batch size) still
+/// joins the call with an empty dict, so its peers fail (a layout mismatch or a missing key)
+/// instead of waiting for it, and then throws its own error.
 template <class Derived>
 class TensorClass {
  public:
@@ -387,100 +576,33 @@ class TensorClass {
   /// Same as equal().
   friend bool operator==(const Derived& a, const Derived& b) { return a.equal(b); }
 
-  /// TensorDict::all_reduce on the fields, in place.
-  std::vector<Work> all_reduce(ReduceOp op = ReduceOp::SUM, const CollectiveOptions& opts = {}) {
-    return in_place([&](TensorDict& d) { return d.all_reduce(op, opts); });
-  }
-  /// TensorDict::reduce on the fields, in place; only `dst`'s fields are guaranteed reduced.
-  std::vector<Work> reduce(int dst, ReduceOp op = ReduceOp::SUM,
-                           const CollectiveOptions& opts = {}) {
-    return in_place([&](TensorDict& d) { return d.reduce(dst, op, opts); });
-  }
-  /// TensorDict::broadcast: copies rank `src`'s fields into every rank's fields.
-  std::vector<Work> broadcast(int src, const CollectiveOptions& opts = {}) {
-    return in_place([&](TensorDict& d) { return d.broadcast(src, opts); });
-  }
-  /// TensorDict::send: sends every field to rank `dst`, whose matching recv() has the same
-  /// layout.
-  std::vector<Work> send(int dst, const CollectiveOptions& opts = {}) const {
-    return to_tensordict().send(dst, opts);
-  }
-  /// TensorDict::recv: receives every field from rank `src` into this struct's fields.
-  std::vector<Work> recv(int src, const CollectiveOptions& opts = {}) {
-    return in_place([&](TensorDict& d) { return d.recv(src, opts); });
-  }
-  /// TensorDict::isend: send() with async_op set.
-  [[nodiscard]] std::vector<Work> isend(int dst, const CollectiveOptions& opts = {}) const {
-    return to_tensordict().isend(dst, opts);
-  }
-  /// TensorDict::irecv: recv() with async_op set; the fields are valid after wait().
-  [[nodiscard]] std::vector<Work> irecv(int src, const CollectiveOptions& opts = {}) {
-    return in_place([&](TensorDict& d) { return d.irecv(src, opts); });
-  }
-  /// TensorDict::all_gather: [r] is rank r's struct.
-  std::vector<Derived> all_gather(const CollectiveOptions& opts = {}) const {
-    return from_dicts(to_tensordict().all_gather(opts));
-  }
-  /// TensorDict::gather: every rank's struct on `dst` ([r] is rank r's); empty on other ranks.
-  std::vector<Derived> gather(int dst, const CollectiveOptions& opts = {}) const {
-    return from_dicts(to_tensordict().gather(dst, opts));
-  }
-  /// TensorDict::all_gather into `out` (replaced right away; with opts.async_op its fields are
-  /// valid after every returned Work's wait()).
-  std::vector<Work> all_gather(std::vector<Derived>& out,
-                               const CollectiveOptions& opts = {}) const {
-    std::vector<TensorDict> dicts;
-    std::vector<Work> works = to_tensordict().all_gather(dicts, opts);
-    out = from_dicts(dicts);
-    return works;
-  }
-  /// TensorDict::gather into `out` on `dst` (emptied elsewhere; async like all_gather(out)).
-  std::vector<Work> gather(int dst, std::vector<Derived>& out,
-                           const CollectiveOptions& opts = {}) const {
-    std::vector<TensorDict> dicts;
-    std::vector<Work> works = to_tensordict().gather(dst, dicts, opts);
-    out = from_dicts(dicts);
-    return works;
-  }
-  /// TensorDict::all_gather_stacked: every field [size, *shape], batch size [size, *batch].
-  Derived all_gather_stacked(const CollectiveOptions& opts = {}) const {
-    return from_tensordict(to_tensordict().all_gather_stacked(opts));
-  }
-  /// TensorDict::all_gather_stacked into `out` (async like all_gather(out)).
-  std::vector<Work> all_gather_stacked(Derived& out, const CollectiveOptions& opts = {}) const {
-    TensorDict d;
-    std::vector<Work> works = to_tensordict().all_gather_stacked(d, opts);
-    out = from_tensordict(d);
-    return works;
-  }
-  /// TensorDict::scatter: on src, parts[r] goes to rank r's fields (which hold one part's
-  /// layout); `parts` is ignored on other ranks.
-  std::vector<Work> scatter(int src, const std::vector<Derived>& parts,
-                            const CollectiveOptions& opts = {}) {
-    std::vector<TensorDict> dicts;
-    dicts.reserve(parts.size());
-    for (const Derived& p : parts) dicts.push_back(p.to_tensordict());
-    return in_place([&](TensorDict& d) { return d.scatter(src, dicts, opts); });
-  }
-  /// TensorDict::reduce_scatter: this rank's shard (first dimension split evenly across the
-  /// group) of the reduced fields.
-  Derived reduce_scatter(ReduceOp op = ReduceOp::SUM, const CollectiveOptions& opts = {}) const {
-    return from_tensordict(to_tensordict().reduce_scatter(op, opts));
-  }
-  /// TensorDict::reduce_scatter into `out` (async like all_gather(out)).
-  std::vector<Work> reduce_scatter(Derived& out, ReduceOp op = ReduceOp::SUM,
-                                   const CollectiveOptions& opts = {}) const {
-    TensorDict d;
-    std::vector<Work> works = to_tensordict().reduce_scatter(d, op, opts);
-    out = from_tensordict(d);
-    return works;
-  }
+  /// @cond
+  // Every TensorDict collective (tensordict/dict_collectives.hpp), on the fields: see the class
+  // comment.
+  TD_DETAIL_DICT_COLLECTIVES(TD_DETAIL_TC_COLLECTIVE, Derived)
+  /// @endcond
 
  private:
   friend struct detail::TensorClassAccess;
 
   Derived& derived() noexcept { return static_cast<Derived&>(*this); }
   const Derived& derived() const noexcept { return static_cast<const Derived&>(*this); }
+
+  // The generated collectives' bodies: fn(dict of the fields, adapted arguments...) through
+  // detail::call_with_dicts, the fields rebound to the result's leaves (in_place) or not (reads).
+  template <class F>
+  auto td_dict_call_in_place(F fn) {
+    return [this, fn](auto&&... a) {
+      return detail::call_with_dicts<Derived>(fn, detail::InPlace<Derived>{derived()},
+                                              std::forward<decltype(a)>(a)...);
+    };
+  }
+  template <class F>
+  auto td_dict_call_reads(F fn) const {
+    return [this, fn](auto&&... a) {
+      return detail::call_with_dicts<Derived>(fn, derived(), std::forward<decltype(a)>(a)...);
+    };
+  }
 
   // Runs fn on a dict sharing the fields' storage, then points the fields at its leaves (a
   // collective may replace a leaf, e.g. a sparse one, rather than write into it).
@@ -517,6 +639,51 @@ inline TensorDict to_tensordict(const TensorDict& d) { return d; }
 template <TensorClassType T>
 TensorDict to_tensordict(const T& x) {
   return x.to_tensordict();
+}
+
+// ---- Transport without a prior layout (transport.hpp), for tensorclasses: the struct type is
+// known on every rank, its fields' dtypes and shapes need not be. A rank whose struct cannot be
+// converted still takes part (its peers get an error naming the missing key), then throws.
+
+/// td::broadcast_dict for a tensorclass: rank `src`'s struct on every rank of the group (`value`
+/// is read on src only; other ranks may pass a default-constructed struct).
+template <TensorClassType T>
+T broadcast_dict(const T& value, int src, const CollectiveOptions& opts = {}) {
+  auto call = [](auto&&... a) { return ::td::broadcast_dict(a...); };
+  return detail::call_with_dicts<T>(call, detail::read_on(src, opts, value), src, opts);
+}
+/// td::send_dict for a tensorclass: the receiver calls recv_dict<T>() knowing only the type.
+template <TensorClassType T>
+void send_dict(const T& value, int dst, const CollectiveOptions& opts = {}) {
+  auto call = [](auto&&... a) { ::td::send_dict(a...); };
+  detail::call_with_dicts<T>(call, value, dst, opts);
+}
+/// td::recv_dict for a tensorclass: the struct rank `src` passes to send_dict(), whatever its
+/// fields' dtypes and shapes (`td::recv_dict<Batch>(src)`).
+template <TensorClassType T>
+T recv_dict(int src, const CollectiveOptions& opts = {}) {
+  auto call = [](auto&&... a) { return ::td::recv_dict(a...); };
+  return detail::call_with_dicts<T>(call, src, opts);
+}
+/// td::all_gather_dicts for a tensorclass: every rank's struct ([r] is rank r's); their fields'
+/// dtypes and shapes may differ per rank.
+template <TensorClassType T>
+std::vector<T> all_gather_dicts(const T& value, const CollectiveOptions& opts = {}) {
+  auto call = [](auto&&... a) { return ::td::all_gather_dicts(a...); };
+  return detail::call_with_dicts<T>(call, value, opts);
+}
+/// td::gather_dicts for a tensorclass: every rank's struct on `dst`; empty on other ranks.
+template <TensorClassType T>
+std::vector<T> gather_dicts(const T& value, int dst, const CollectiveOptions& opts = {}) {
+  auto call = [](auto&&... a) { return ::td::gather_dicts(a...); };
+  return detail::call_with_dicts<T>(call, value, dst, opts);
+}
+/// td::scatter_dicts for a tensorclass: on `src`, parts[r] goes to rank r (`parts` is read on
+/// src only); returns this rank's struct.
+template <TensorClassType T>
+T scatter_dicts(const std::vector<T>& parts, int src, const CollectiveOptions& opts = {}) {
+  auto call = [](auto&&... a) { return ::td::scatter_dicts(a...); };
+  return detail::call_with_dicts<T>(call, detail::read_on(src, opts, parts), src, opts);
 }
 
 /// The structs concatenated along batch dimension `dim` into new storage (td::cat of their
