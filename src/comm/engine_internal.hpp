@@ -105,22 +105,22 @@ void start_or_run(const CollectiveCall& call, int rank, MPI_Comm comm, std::byte
 /// memory, or a pack buffer when `packed`); MPI reads and writes `w`: `p` itself, or a 16-bit
 /// copy of it when the bucket travels compressed (the caller points `w` at that buffer). The
 /// paths differ only in where a buffer comes from and in when finish() runs.
-struct InPlaceBucket {
+struct WireBucket {
   DType dtype;
   std::int64_t count;  // elements
   std::byte* p;
   bool packed;
   std::byte* w;
-  DType wire;     // w's dtype
-  bool squeeze;   // w is a compressed copy of p
-  bool avg;       // this rank divides its result by the group size
-  bool sends;     // this rank's data is an input
-  bool receives;  // this rank holds the result afterwards
+  DType wire;       // w's dtype
+  bool compressed;  // w is a compressed (16-bit) copy of p
+  bool avg;         // this rank divides its result by the group size
+  bool sends;       // this rank's data is an input
+  bool receives;    // this rank holds the result afterwards
 
-  /// A bucket of `nbytes` of `dt` at `at`; with `compressed` (Float16 or BFloat16) a float
+  /// A bucket of `nbytes` of `dt` at `at`; with `compress_to` (Float16 or BFloat16) a float
   /// bucket travels in that type.
-  InPlaceBucket(DType dt, std::size_t nbytes, std::byte* at, bool is_packed,
-                const CollectiveCall& call, Roles roles, std::optional<DType> compressed);
+  WireBucket(DType dt, std::size_t nbytes, std::byte* at, bool is_packed,
+             const CollectiveCall& call, Roles roles, std::optional<DType> compress_to);
   /// Bytes MPI moves.
   std::size_t wire_bytes() const { return static_cast<std::size_t>(count) * itemsize(wire); }
   /// Compressed: writes p's elements into w (AVG: divided by the group size first).
@@ -137,7 +137,7 @@ struct InPlaceBucket {
   template <class Unpack>
   void finish(int group_size, Unpack&& unpack) const {
     if (!receives) return;
-    if (squeeze) decompress(w, wire, count, dtype, p);
+    if (compressed) decompress(w, wire, count, dtype, p);
     if (avg) divide_in_place(p, count, dtype, group_size);
     if (packed) unpack(static_cast<const std::byte*>(p));
   }

@@ -119,33 +119,32 @@ std::vector<char> direct_buckets(const std::shared_ptr<const BucketPlan>& plan,
   return mem.direct;
 }
 
-InPlaceBucket::InPlaceBucket(DType dt, std::size_t nbytes, std::byte* at, bool is_packed,
-                             const CollectiveCall& call, Roles roles,
-                             std::optional<DType> compressed)
+WireBucket::WireBucket(DType dt, std::size_t nbytes, std::byte* at, bool is_packed,
+                       const CollectiveCall& call, Roles roles, std::optional<DType> compress_to)
     : dtype(dt),
       count(static_cast<std::int64_t>(nbytes / itemsize(dt))),
       p(at),
       packed(is_packed),
       w(at),
       wire(dt),
-      squeeze(compressed.has_value() && compressible(dt)),
+      compressed(compress_to.has_value() && compressible(dt)),
       // Compressed, AVG divides before summing (the sum of N values of a 16-bit float overflows
       // where N averages do not).
-      avg(!squeeze && divides_result(call, roles)),
+      avg(!compressed && divides_result(call, roles)),
       sends(roles.sends),
       receives(roles.receives) {
-  if (squeeze) wire = *compressed;
+  if (compressed) wire = *compress_to;
 }
 
-void InPlaceBucket::compress_into_wire(const CollectiveCall& call, int group_size) const {
-  if (squeeze && sends)
+void WireBucket::compress_into_wire(const CollectiveCall& call, int group_size) const {
+  if (compressed && sends)
     compress(p, dtype, count, call.op == ReduceOp::AVG ? 1.0 / group_size : 1.0, wire, w);
 }
 
-void InPlaceBucket::start(const CollectiveCall& call, const GroupState& g, std::size_t max_message,
-                          std::vector<MPI_Request>* reqs) const {
+void WireBucket::start(const CollectiveCall& call, const GroupState& g, std::size_t max_message,
+                       std::vector<MPI_Request>* reqs) const {
   if (reqs && node_aware(g))  // run_collective sends these through post()
-    throw std::logic_error("InPlaceBucket::start: nonblocking messages of a node-aware group");
+    throw std::logic_error("WireBucket::start: nonblocking messages of a node-aware group");
   for_each_message(wire_bytes(), wire, max_message, [&](std::size_t off, int n) {
     if (!reqs) return run_blocking(call, g, w + off, n, wire);
     reqs->push_back(MPI_REQUEST_NULL);
@@ -220,7 +219,7 @@ void run_blocking(const CollectiveCall& call, const GroupState& g, std::byte* p,
 // waves (each a phase of the Work): wave k posts message k's first stage, k-1's second and k-2's
 // third, so that one message crosses the network while the next is reduced within the node.
 struct NodeAwareTransfer {
-  InPlaceBucket ib;
+  WireBucket ib;
   CollectiveCall call;
   std::shared_ptr<GroupState> g;
   std::vector<std::pair<std::size_t, int>> messages;  // byte offset in ib.w, element count
@@ -278,8 +277,8 @@ void await_node_stages(GroupState& g, Clock::time_point deadline,
   }
 }
 
-void InPlaceBucket::post(const CollectiveCall& call, const std::shared_ptr<GroupState>& g,
-                         std::size_t max_message, WorkState& st) const {
+void WireBucket::post(const CollectiveCall& call, const std::shared_ptr<GroupState>& g,
+                      std::size_t max_message, WorkState& st) const {
   if (!node_aware(*g)) return start(call, *g, max_message, &st.requests);
   auto t = std::make_shared<NodeAwareTransfer>(NodeAwareTransfer{*this, call, g, {}, {}, {}});
   for_each_message(wire_bytes(), wire, max_message,
@@ -328,9 +327,9 @@ void run_sync(const std::shared_ptr<const BucketPlan>& plan_ptr, std::span<const
   auto bucket = [&](std::size_t b) {
     const auto& bk = plan.buckets[b];
     if (direct[b])
-      return InPlaceBucket(bk.dtype, bk.nbytes, mem.data[bk.slots[0].leaf], false, call, roles, {});
-    return InPlaceBucket(bk.dtype, bk.nbytes, scratch->data + (b % slots) * stride, true, call,
-                         roles, {});
+      return WireBucket(bk.dtype, bk.nbytes, mem.data[bk.slots[0].leaf], false, call, roles, {});
+    return WireBucket(bk.dtype, bk.nbytes, scratch->data + (b % slots) * stride, true, call, roles,
+                      {});
   };
   auto finish = [&](std::size_t b) {
     const auto& bk = plan.buckets[b];
@@ -345,7 +344,7 @@ void run_sync(const std::shared_ptr<const BucketPlan>& plan_ptr, std::span<const
   std::vector<MPI_Request> in_flight;
   for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
     const auto& bk = plan.buckets[b];
-    const InPlaceBucket ib = bucket(b);
+    const WireBucket ib = bucket(b);
     if (ib.packed && roles.sends) {  // overlaps bucket b-1 when pipelining
       if (bk.strided) {
         pack_bucket(bk, leaves, ib.p);
@@ -408,8 +407,8 @@ std::vector<Work> run_buckets(const BucketPlan& plan, std::span<const LeafRef> l
     bool packed = false;
     std::byte* p = BucketRunner::place(bk, leaves, *st, roles.sends, &packed);
     if (packed) buffered += bk.nbytes;
-    InPlaceBucket ib(bk.dtype, bk.nbytes, p, packed, call, roles, wire);
-    if (ib.squeeze) {  // float buckets travel as 16-bit values in a buffer of their own
+    WireBucket ib(bk.dtype, bk.nbytes, p, packed, call, roles, wire);
+    if (ib.compressed) {  // float buckets travel as 16-bit values in a buffer of their own
       auto buf = std::make_shared<Storage>(ib.wire_bytes());
       ib.w = buf->data;
       st->held.push_back(std::move(buf));

@@ -286,7 +286,7 @@ struct Reducer::Impl {
 
   // Starts bucket b's reduction in place (the bucket's storage, or its 16-bit copy when
   // compressed); its finish step (on whichever thread completes it) divides or decompresses
-  // into the bucket, as for every all_reduce bucket (detail::InPlaceBucket). With the progress
+  // into the bucket, as for every all_reduce bucket (detail::WireBucket). With the progress
   // thread, that thread compresses and posts it (the Work's first phase, run in the order the
   // buckets were handed over): mark_ready then posts nothing and converts nothing (its only MPI
   // calls are async_progress_enabled()'s thread-level queries), and never waits on Open MPI's
@@ -299,19 +299,19 @@ struct Reducer::Impl {
     st->keep_alive.push_back(bk.storage);
     const detail::CollectiveCall call{detail::CollectiveKind::AllReduce, bucket_op, 0, "Reducer",
                                       true};
-    std::optional<DType> compressed;
-    if (bk.wire.defined()) compressed = bk.wire.dtype();
-    detail::InPlaceBucket ib(bk.dtype, bk.nbytes,
-                             detail::TensorAccess::data(bk.storage, itemsize(bk.dtype)),
-                             /*is_packed=*/false, call, {true, true}, compressed);
-    if (ib.squeeze) {
+    std::optional<DType> compress_to;
+    if (bk.wire.defined()) compress_to = bk.wire.dtype();
+    detail::WireBucket ib(bk.dtype, bk.nbytes,
+                          detail::TensorAccess::data(bk.storage, itemsize(bk.dtype)),
+                          /*is_packed=*/false, call, {true, true}, compress_to);
+    if (ib.compressed) {
       st->keep_alive.push_back(bk.wire);
       ib.w = detail::TensorAccess::data(bk.wire, itemsize(ib.wire));
     }
     const int size = lane->size;
     st->finish = [ib, size] { ib.finish(size, [](const std::byte*) {}); };
     auto post = [ib, call, size, l = lane, max = max_message_bytes](detail::WorkState& s) {
-      if (ib.squeeze) ib.compress_into_wire(call, size);
+      if (ib.compressed) ib.compress_into_wire(call, size);
       ib.post(call, l, max, s);
     };
     if (step_on_thread) {
