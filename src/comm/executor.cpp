@@ -180,6 +180,13 @@ DataCall gatherv_call(const void* send, int count, MPI_Datatype type, void* recv
   return c;
 }
 
+DataCall gatherv_to(std::optional<int> root, const void* send, int count, MPI_Datatype type,
+                    void* recv, const int* counts, const int* displs, MPI_Datatype recv_type,
+                    MPI_Comm comm) {
+  if (!root) return allgatherv_call(send, count, type, recv, counts, displs, recv_type, comm);
+  return gatherv_call(send, count, type, recv, counts, displs, recv_type, *root, comm);
+}
+
 DataCall scatter_call(const void* send, int count, MPI_Datatype type, void* recv, int recv_count,
                       MPI_Datatype recv_type, int root, MPI_Comm comm) {
   DataCall c = gather_call(send, count, type, recv, recv_count, recv_type, root, comm);
