@@ -83,11 +83,6 @@ std::string nearest_keys(const Key& key, const std::vector<Key>& leaf_keys) {
   return fmt::format(" (did you mean {}?)", fmt::join(quoted, ", "));
 }
 
-std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
-  h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
-  return h * 0xff51afd7ed558ccdULL;
-}
-
 }  // namespace
 
 struct Reducer::Impl {
@@ -361,6 +356,121 @@ struct Reducer::Impl {
             fmt::join(keys, ", ")));
   }
 
+  // The leaves in canonical order, and for every key prefix (a leaf or a sub-dict) its leaves.
+  void index_leaves(std::span<const detail::LeafRef> refs) {
+    leaves.reserve(refs.size());
+    for (std::size_t i = 0; i < refs.size(); ++i) {
+      leaves.emplace_back(*refs[i].key, refs[i].key_hash);
+      std::string prefix;
+      for (const auto& p : refs[i].key->parts()) {
+        prefix += p;
+        prefix += '\x1f';
+        members[prefix].push_back(i);
+      }
+    }
+  }
+
+  // What the flight recorder says of every step.
+  void summarize_steps(std::span<const detail::LeafRef> refs, ReduceOp reduce_op) {
+    first_key = refs.empty() ? std::string() : refs[0].key->str();
+    step_summary.first_key = first_key;
+    step_summary.leaves = refs.size();
+    step_summary.reduce_op = static_cast<int>(reduce_op);
+    step_summary.async = true;
+  }
+
+  // The buckets of `plan` and which leaves each holds.
+  void assign_buckets(const BucketPlan& plan) {
+    buckets.resize(plan.buckets.size());
+    for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
+      const BucketPlan::Bucket& pb = plan.buckets[b];
+      Bucket& bk = buckets[b];
+      bk.dtype = pb.dtype;
+      bk.nbytes = pb.nbytes;
+      for (const BucketPlan::Slot& sl : pb.slots) {
+        bk.leaves.push_back(sl.leaf);
+        leaves[sl.leaf].bucket = b;
+      }
+    }
+  }
+
+  // Moves the gradients into the buckets' storage (with a 16-bit wire copy per compressed
+  // bucket); the dict's leaves become views. Setting a leaf may rebuild the dict's canonical
+  // order, so the old tensors are taken out first.
+  void move_into_buckets(TensorDict& grads, std::span<const detail::LeafRef> refs,
+                         const BucketPlan& plan) {
+    std::vector<Tensor> old_leaves;
+    old_leaves.reserve(refs.size());
+    for (const auto& ref : refs) old_leaves.push_back(*ref.tensor);
+    old_storage.resize(refs.size());
+    for (std::size_t i = 0; i < refs.size(); ++i)
+      if (leaves[i].bucket != kNoBucket)
+        old_storage[i] = detail::TensorAccess::weak_storage(old_leaves[i]);
+    for (std::size_t b = 0; b < buckets.size(); ++b) {
+      Bucket& bk = buckets[b];
+      const std::size_t isz = itemsize(bk.dtype);
+      const auto numel = static_cast<std::int64_t>(bk.nbytes / isz);
+      bk.storage = Tensor::empty({numel}, bk.dtype);
+      for (const BucketPlan::Slot& sl : plan.buckets[b].slots) {
+        const Tensor& old = old_leaves[sl.leaf];
+        Tensor view = detail::TensorAccess::view_of(
+            bk.storage, static_cast<std::int64_t>(sl.offset / isz), old.shape());
+        view.copy_(old);
+        grads.set(leaves[sl.leaf].key, view);
+      }
+      if (compression != Compression::None && detail::compressible(bk.dtype))
+        bk.wire = Tensor::empty({numel}, detail::wire_dtype(compression));
+      bk.pending = bk.leaves.size();
+      bk.describe = bucket_description(b);
+    }
+  }
+
+  // Bucket b in a timeout's message.
+  std::string bucket_description(std::size_t b) const {
+    const Bucket& bk = buckets[b];
+    std::string text = fmt::format(
+        "Reducer bucket {} of {} ({}, {} B{}, {} leaves, first key '{}') in "
+        "a group of {} ranks",
+        b, buckets.size(), name(bk.dtype), bk.nbytes,
+        bk.wire.defined() ? fmt::format(" sent as {}", name(bk.wire.dtype())) : std::string(),
+        bk.leaves.size(), leaves[bk.leaves[0]].key.str(), group->size);
+    // What a timeout of a bucket most often means: the ranks ran different numbers of steps.
+    if (!uneven)
+      text +=
+          " (if the ranks ran different numbers of steps, e.g. an extra finish() on one rank "
+          "with ragged data: ReducerOptions::uneven_inputs and Reducer::join() handle that)";
+    return text;
+  }
+
+  // uneven_inputs: the step flag (see `flag`).
+  void make_flag() {
+    flag.dtype = DType::Int32;
+    flag.nbytes = sizeof(std::int32_t);
+    flag.storage = Tensor::zeros({1}, DType::Int32);
+    flag.describe = fmt::format(
+        "Reducer step flag (uneven_inputs: 4 B, the vote of every rank for the next step) in a "
+        "group of {} ranks (a rank out of data must call join(); one that stopped calling the "
+        "Reducer without join() leaves the others waiting here)",
+        group->size);
+  }
+
+  // Remembers what each leaf of `grads` is now (its bucket view), for every step's layout check.
+  void remember_views(const TensorDict& grads) {
+    const auto& refs = detail::DictAccess::canonical(grads);
+    for (std::size_t i = 0; i < refs.size(); ++i) {
+      const Tensor& t = *refs[i].tensor;
+      Leaf& l = leaves[i];
+      l.layout_id = detail::TensorAccess::layout_id(t);
+      if (!t.defined()) continue;
+      l.dtype = t.dtype();
+      l.shape = t.shape();
+      l.strides = t.strides();
+      if (l.bucket != kNoBucket) l.data = detail::TensorAccess::data(t, itemsize(t.dtype()));
+    }
+    generation = detail::DictAccess::canonical_generation(grads);
+    versions.record(refs);
+  }
+
   void reset_step() {
     for (auto& l : leaves) l.ready = false;
     for (auto& b : buckets) {
@@ -405,8 +515,75 @@ std::vector<std::size_t> ready_sequence(
   return seq;
 }
 
+// The first problem of this rank's gradients and options, leaf by leaf, then the options ("" if
+// none; undefined leaves are the agreement's analysis to report).
+std::string argument_problem(std::span<const detail::LeafRef> leaves, const ReducerOptions& opts) {
+  for (const auto& ref : leaves) {
+    const Tensor& t = *ref.tensor;
+    if (!t.defined()) continue;
+    if (t.is_sparse())
+      return fmt::format(
+          "key '{}' is a sparse tensor; a Reducer needs dense gradients (to_dense() it first)",
+          ref.key->str());
+    if (opts.compression != Compression::None && t.dtype() != DType::Float32 &&
+        t.dtype() != DType::Float64 && t.dtype() != DType::Float16 && t.dtype() != DType::BFloat16)
+      return fmt::format("compression {} applies to floating-point gradients; key '{}' is {}",
+                         name(opts.compression), ref.key->str(), name(t.dtype()));
+  }
+  if (opts.compression != Compression::None && opts.op != ReduceOp::SUM && opts.op != ReduceOp::AVG)
+    return fmt::format("compression {} supports SUM and AVG, not {}", name(opts.compression),
+                       name(opts.op));
+  if (opts.uneven_inputs && opts.op != ReduceOp::SUM && opts.op != ReduceOp::AVG)
+    return fmt::format(
+        "uneven_inputs supports SUM and AVG (a joined rank contributes zeros), not {}",
+        name(opts.op));
+  return {};
+}
+
+// The Reducer's call name. Ranks must also agree on what the layout check does not see: the
+// ready order (it decides the buckets), the compression and uneven inputs. All go into the
+// name, which is fingerprinted.
+std::string reducer_call_name(const ReducerOptions& opts, const std::vector<std::size_t>& seq) {
+  std::string call_name = "Reducer";
+  if (!opts.ready_order.empty()) {
+    std::uint64_t h = 0x7265616479ULL;
+    for (std::size_t i : seq) h = detail::mix(h, i);
+    call_name += fmt::format("[ready_order {:016x}]", h);
+  }
+  if (opts.compression != Compression::None)
+    call_name += fmt::format("[compression {}]", name(opts.compression));
+  if (opts.uneven_inputs) call_name += "[uneven_inputs]";
+  return call_name;
+}
+
+// The options of the construction's agreement: an async bucketed all_reduce.
+CollectiveOptions collective_options_of(const ReducerOptions& opts) {
+  CollectiveOptions copts;
+  copts.group = opts.group;
+  copts.async_op = true;
+  copts.bucket_bytes = opts.bucket_bytes;
+  copts.timeout = opts.timeout;
+  return copts;
+}
+
+// The agreed plan skips aliases of an earlier key; the layout (aliasing included) is agreed, so
+// every rank throws this together.
+void reject_tied_leaves(const BucketPlan& agreed, std::span<const detail::LeafRef> leaves,
+                        std::string_view call_name) {
+  for (std::size_t i : agreed.skipped_leaves) {
+    const Tensor& t = *leaves[i].tensor;
+    if (t.numel() > 0)
+      throw std::invalid_argument(fmt::format(
+          "{}: key '{}' shares its elements with another key; a Reducer gives every key its own "
+          "place in a bucket, so tied gradients must be one key",
+          call_name, leaves[i].key->str()));
+  }
+}
+
 }  // namespace
 
+// By value as reducer.hpp declares it (the public signature), read through const helpers.
+// NOLINTNEXTLINE(performance-unnecessary-value-param)
 Reducer::Reducer(TensorDict& grads, ReducerOptions opts) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.dict = &grads;
@@ -415,165 +592,35 @@ Reducer::Reducer(TensorDict& grads, ReducerOptions opts) : impl_(std::make_uniqu
   m.uneven = opts.uneven_inputs;
 
   auto in = detail::dict_leaves(grads, /*with_cache=*/false);
+  m.index_leaves(in.leaves);
   std::string err = std::move(in.error);
-  auto note = [&err](std::string msg) {
-    if (err.empty()) err = std::move(msg);
-  };
-  m.leaves.reserve(in.leaves.size());
-  for (std::size_t i = 0; i < in.leaves.size(); ++i) {
-    const auto& ref = in.leaves[i];
-    m.leaves.emplace_back(*ref.key, ref.key_hash);
-    const auto& parts = ref.key->parts();
-    std::string prefix;
-    for (const auto& p : parts) {
-      prefix += p;
-      prefix += '\x1f';
-      m.members[prefix].push_back(i);
-    }
-    const Tensor& t = *ref.tensor;
-    if (!t.defined()) continue;  // reported by the agreement's analysis
-    if (t.is_sparse()) {
-      note(
-          fmt::format("key '{}' is a sparse tensor; a Reducer needs dense gradients (to_dense() "
-                      "it first)",
-                      ref.key->str()));
-    } else if (opts.compression != Compression::None && t.dtype() != DType::Float32 &&
-               t.dtype() != DType::Float64 && t.dtype() != DType::Float16 &&
-               t.dtype() != DType::BFloat16) {
-      note(fmt::format("compression {} applies to floating-point gradients; key '{}' is {}",
-                       name(opts.compression), ref.key->str(), name(t.dtype())));
-    }
-  }
-  if (opts.compression != Compression::None && opts.op != ReduceOp::SUM && opts.op != ReduceOp::AVG)
-    note(fmt::format("compression {} supports SUM and AVG, not {}", name(opts.compression),
-                     name(opts.op)));
-  if (opts.uneven_inputs && opts.op != ReduceOp::SUM && opts.op != ReduceOp::AVG)
-    note(fmt::format("uneven_inputs supports SUM and AVG (a joined rank contributes zeros), not {}",
-                     name(opts.op)));
+  detail::note_error(err, argument_problem(in.leaves, opts));
   const std::vector<std::size_t> seq =
       ready_sequence(opts.ready_order, m.leaves.size(), m.members, err);
-
-  // Ranks must also agree on what the layout check does not see: the ready order (it decides
-  // the buckets) and the compression. Both go into the call's name, which is fingerprinted.
-  std::string call_name = "Reducer";
-  if (!opts.ready_order.empty()) {
-    std::uint64_t h = 0x7265616479ULL;
-    for (std::size_t i : seq) h = mix(h, i);
-    call_name += fmt::format("[ready_order {:016x}]", h);
-  }
-  if (opts.compression != Compression::None)
-    call_name += fmt::format("[compression {}]", name(opts.compression));
-  if (opts.uneven_inputs) call_name += "[uneven_inputs]";
-
-  CollectiveOptions copts;
-  copts.group = opts.group;
-  copts.async_op = true;
-  copts.bucket_bytes = opts.bucket_bytes;
-  copts.timeout = opts.timeout;
+  const std::string call_name = reducer_call_name(opts, seq);
+  const CollectiveOptions copts = collective_options_of(opts);
   const detail::CollectiveCall call{detail::CollectiveKind::AllReduce, opts.op, 0, call_name, true};
   auto prepared = detail::prepare_collective(in.leaves, call, copts, std::move(err));
   m.group = prepared.group;
   // After the agreement (every rank got here, or every rank threw): a collective call.
   m.lane = detail::duplicate_group(*m.group, call_name);
-  m.first_key = in.leaves.empty() ? std::string() : in.leaves[0].key->str();
-  m.step_summary.first_key = m.first_key;
-  m.step_summary.leaves = in.leaves.size();
-  m.step_summary.reduce_op = static_cast<int>(opts.op);
-  m.step_summary.async = true;
+  m.summarize_steps(in.leaves, opts.op);
   m.timeout = detail::timeout_of(copts);
-  const std::size_t cap = prepared.plan->cap.value_or(kAutoBucketBytes);
-  // The plan skips aliases of an earlier key; the layout (aliasing included) is agreed, so every
-  // rank throws this together.
-  for (std::size_t i : prepared.plan->skipped_leaves) {
-    const Tensor& t = *in.leaves[i].tensor;
-    if (t.numel() > 0)
-      throw std::invalid_argument(fmt::format(
-          "{}: key '{}' shares its elements with another key; a Reducer gives every key its own "
-          "place in a bucket, so tied gradients must be one key",
-          call_name, in.leaves[i].key->str()));
-  }
+  reject_tied_leaves(*prepared.plan, in.leaves, call_name);
 
   // Buckets in ready order (BucketPlan::build_in_order): one open bucket per dtype, closed when
   // the next leaf would pass the cap, numbered by their first leaf, which is the order they
   // launch in. Every leaf is copied into its bucket, so the plan sees each as contiguous; no
-  // alias with elements is left (thrown above).
-  const BucketPlan plan = BucketPlan::build_in_order(detail::plain_layout(in.leaves), seq, cap,
+  // alias with elements is left (rejected above).
+  const BucketPlan plan = BucketPlan::build_in_order(detail::plain_layout(in.leaves), seq,
+                                                     prepared.plan->cap.value_or(kAutoBucketBytes),
                                                      prepared.plan->max_message_bytes);
   m.max_message_bytes = plan.max_message_bytes;
-  m.buckets.resize(plan.buckets.size());
-  for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
-    const BucketPlan::Bucket& pb = plan.buckets[b];
-    Impl::Bucket& bk = m.buckets[b];
-    bk.dtype = pb.dtype;
-    bk.nbytes = pb.nbytes;
-    for (const BucketPlan::Slot& sl : pb.slots) {
-      bk.leaves.push_back(sl.leaf);
-      m.leaves[sl.leaf].bucket = b;
-    }
-  }
-
-  // Move the gradients into the buckets; the dict's leaves become views. Setting a leaf may
-  // rebuild the dict's canonical order, so the old tensors are taken out first.
-  std::vector<Tensor> old_leaves;
-  old_leaves.reserve(in.leaves.size());
-  for (const auto& ref : in.leaves) old_leaves.push_back(*ref.tensor);
-  m.old_storage.resize(in.leaves.size());
-  for (std::size_t i = 0; i < in.leaves.size(); ++i)
-    if (m.leaves[i].bucket != kNoBucket)
-      m.old_storage[i] = detail::TensorAccess::weak_storage(old_leaves[i]);
-  for (std::size_t b = 0; b < m.buckets.size(); ++b) {
-    Impl::Bucket& bk = m.buckets[b];
-    const std::size_t isz = itemsize(bk.dtype);
-    const auto numel = static_cast<std::int64_t>(bk.nbytes / isz);
-    bk.storage = Tensor::empty({numel}, bk.dtype);
-    for (const BucketPlan::Slot& sl : plan.buckets[b].slots) {
-      const Tensor& old = old_leaves[sl.leaf];
-      Tensor view = detail::TensorAccess::view_of(
-          bk.storage, static_cast<std::int64_t>(sl.offset / isz), old.shape());
-      view.copy_(old);
-      grads.set(m.leaves[sl.leaf].key, view);
-    }
-    if (opts.compression != Compression::None && detail::compressible(bk.dtype))
-      bk.wire = Tensor::empty({numel}, detail::wire_dtype(opts.compression));
-    bk.pending = bk.leaves.size();
-    bk.describe = fmt::format(
-        "Reducer bucket {} of {} ({}, {} B{}, {} leaves, first key '{}') in "
-        "a group of {} ranks",
-        b, m.buckets.size(), name(bk.dtype), bk.nbytes,
-        bk.wire.defined() ? fmt::format(" sent as {}", name(bk.wire.dtype())) : std::string(),
-        bk.leaves.size(), m.leaves[bk.leaves[0]].key.str(), m.group->size);
-    // What a timeout of a bucket most often means: the ranks ran different numbers of steps.
-    if (!m.uneven)
-      bk.describe +=
-          " (if the ranks ran different numbers of steps, e.g. an extra finish() on one rank "
-          "with ragged data: ReducerOptions::uneven_inputs and Reducer::join() handle that)";
-  }
-
-  if (m.uneven) {
-    m.flag.dtype = DType::Int32;
-    m.flag.nbytes = sizeof(std::int32_t);
-    m.flag.storage = Tensor::zeros({1}, DType::Int32);
-    m.flag.describe = fmt::format(
-        "Reducer step flag (uneven_inputs: 4 B, the vote of every rank for the next step) in a "
-        "group of {} ranks (a rank out of data must call join(); one that stopped calling the "
-        "Reducer without join() leaves the others waiting here)",
-        m.group->size);
-  }
+  m.assign_buckets(plan);
+  m.move_into_buckets(grads, in.leaves, plan);
+  if (m.uneven) m.make_flag();
   m.launched.reserve(m.buckets.size());
-  // Remember what each leaf is now, for the layout check of every step.
-  const auto& refs = detail::DictAccess::canonical(grads);
-  for (std::size_t i = 0; i < refs.size(); ++i) {
-    const Tensor& t = *refs[i].tensor;
-    Impl::Leaf& l = m.leaves[i];
-    l.layout_id = detail::TensorAccess::layout_id(t);
-    if (!t.defined()) continue;
-    l.dtype = t.dtype();
-    l.shape = t.shape();
-    l.strides = t.strides();
-    if (l.bucket != kNoBucket) l.data = detail::TensorAccess::data(t, itemsize(t.dtype()));
-  }
-  m.generation = detail::DictAccess::canonical_generation(grads);
-  m.versions.record(refs);
+  m.remember_views(grads);
 }
 
 Reducer::Reducer(TensorDict owned, std::function<TensorDict()> current, ReducerOptions opts)
