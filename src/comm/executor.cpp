@@ -180,6 +180,12 @@ DataCall gatherv_call(const void* send, int count, MPI_Datatype type, void* recv
   return c;
 }
 
+DataCall gather_to(std::optional<int> root, const void* send, int count, MPI_Datatype type,
+                   void* recv, int recv_count, MPI_Datatype recv_type, MPI_Comm comm) {
+  if (!root) return allgather_call(send, count, type, recv, recv_count, recv_type, comm);
+  return gather_call(send, count, type, recv, recv_count, recv_type, *root, comm);
+}
+
 DataCall gatherv_to(std::optional<int> root, const void* send, int count, MPI_Datatype type,
                     void* recv, const int* counts, const int* displs, MPI_Datatype recv_type,
                     MPI_Comm comm) {

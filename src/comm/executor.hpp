@@ -87,8 +87,11 @@ DataCall allgatherv_call(const void* send, int count, MPI_Datatype type, void* r
                          MPI_Comm comm);
 DataCall gatherv_call(const void* send, int count, MPI_Datatype type, void* recv, const int* counts,
                       const int* displs, MPI_Datatype recv_type, int root, MPI_Comm comm);
-/// gatherv_call to `root`, or (nullopt) allgatherv_call: the v-gather of a call that delivers to
-/// one rank or to every rank.
+/// gather_call to `root`, or (nullopt) allgather_call: the gather of a call that delivers to one
+/// rank or to every rank.
+DataCall gather_to(std::optional<int> root, const void* send, int count, MPI_Datatype type,
+                   void* recv, int recv_count, MPI_Datatype recv_type, MPI_Comm comm);
+/// gatherv_call to `root`, or (nullopt) allgatherv_call.
 DataCall gatherv_to(std::optional<int> root, const void* send, int count, MPI_Datatype type,
                     void* recv, const int* counts, const int* displs, MPI_Datatype recv_type,
                     MPI_Comm comm);

@@ -9,6 +9,8 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <numeric>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -172,14 +174,10 @@ std::vector<Work> gather_leaves(std::span<const LeafRef> leaves,
       }
       for (const auto& l : into) st->held.push_back(l);
     }
-    const MPI_Comm comm = g.comm;
-    runner.run_one(st, [&](MPI_Request* req) {
-      if (kind == CollectiveKind::AllGather) {
-        detail::post(detail::allgather_call(send, count, type, all, count, type, comm), req);
-      } else {
-        detail::post(detail::gather_call(send, count, type, all, count, type, root, comm), req);
-      }
-    });
+    const detail::DataCall call = detail::gather_to(
+        kind == CollectiveKind::AllGather ? std::nullopt : std::optional<int>(root), send, count,
+        type, all, count, type, g.comm);
+    runner.run_one(st, [&](MPI_Request* req) { detail::post(call, req); });
   }
   return runner.works();
 }
@@ -405,9 +403,118 @@ struct RowSplit {
   }
 };
 
+// What every bucket of one reduce_scatter call shares.
+struct RowScatter {
+  const detail::GroupState& g;
+  ReduceOp op;
+  const RowSplit& split;
+  std::string_view what;
+  std::shared_ptr<Leaves> src;     // the leaves, which the buckets read
+  std::shared_ptr<Leaves> shards;  // this rank's rows of each leaf, reduced
+};
+
+// Bytes of rank r's rows of each of a bucket's leaves (of `rows` rows each).
+std::vector<std::size_t> rank_bytes(const BucketPlan::Bucket& bk,
+                                    const std::vector<std::int64_t>& rows, const RowSplit& split,
+                                    std::size_t r) {
+  std::vector<std::size_t> out;
+  for (std::size_t s = 0; s < bk.slots.size(); ++s)
+    out.push_back(split.bytes_of(bk.slots[s].nbytes, rows[s], r).second);
+  return out;
+}
+
+// A bucket's send buffer, rank-major: rank r's rows of each of the bucket's leaves, back to
+// back, so MPI hands each rank its rows packed like the bucket. A bucket of one contiguous leaf
+// is that already; the others are copied into a buffer `st` holds.
+const std::byte* rank_major(const BucketPlan::Bucket& bk, const Leaves& src,
+                            const std::vector<std::int64_t>& rows, const RowSplit& split,
+                            std::size_t size, detail::WorkState& st) {
+  if (bk.slots.size() == 1 && !bk.strided)
+    return static_cast<const std::byte*>(src.tensors[bk.slots[0].leaf].raw_data());
+  auto buf = storage(bk.nbytes);
+  st.held.push_back(buf);
+  std::byte* to = buf->data;
+  std::vector<Tensor> contiguous;
+  for (const auto& slot : bk.slots) contiguous.push_back(src.tensors[slot.leaf].contiguous());
+  for (std::size_t r = 0; r < size; ++r) {
+    for (std::size_t s = 0; s < bk.slots.size(); ++s) {
+      const auto [off, n] = split.bytes_of(bk.slots[s].nbytes, rows[s], r);
+      std::memcpy(to, static_cast<const std::byte*>(contiguous[s].raw_data()) + off, n);
+      to += n;
+    }
+  }
+  return buf->data;
+}
+
+// Where this rank's reduced rows of a bucket arrive: the shard itself for a bucket of one leaf,
+// else a buffer of `block` bytes `st` holds.
+std::byte* shard_destination(const BucketPlan::Bucket& bk, Leaves& shards, std::size_t block,
+                             detail::WorkState& st) {
+  if (bk.slots.size() == 1)
+    return static_cast<std::byte*>(shards.tensors[bk.slots[0].leaf].raw_data());
+  auto buf = storage(std::max<std::size_t>(block, 1));
+  st.held.push_back(buf);
+  return buf->data;
+}
+
+// A bucket's finish step: AVG's division of the `block` bytes at `recv`, then, unless they
+// arrived in their shard, each leaf's rows (`mine`: bytes per leaf) copied into it.
+std::function<void()> shard_finish(const BucketPlan::Bucket& bk, std::shared_ptr<Leaves> shards,
+                                   std::byte* recv, std::size_t block, bool avg, int divisor,
+                                   std::vector<std::size_t> mine) {
+  auto bucket = std::make_shared<BucketPlan::Bucket>(bk);
+  const bool direct = bk.slots.size() == 1;
+  const std::size_t isz = itemsize(bk.dtype);
+  return [bucket, shards = std::move(shards), recv, block, direct, avg, divisor,
+          mine = std::move(mine), isz] {
+    if (avg)
+      detail::divide_in_place(recv, static_cast<std::int64_t>(block / isz), bucket->dtype, divisor);
+    if (direct) return;
+    const std::byte* from = recv;
+    for (std::size_t s = 0; s < bucket->slots.size(); ++s) {
+      std::memcpy(shards->tensors[bucket->slots[s].leaf].raw_data(), from, mine[s]);
+      from += mine[s];
+    }
+  };
+}
+
+// Bucket b of a reduce_scatter: one MPI_Reduce_scatter_block (even split) or MPI_Reduce_scatter
+// (per-rank counts) from the rank-major send buffer into this rank's shards.
+void reduce_scatter_bucket(detail::BucketRunner& runner, const BucketPlan& plan, std::size_t b,
+                           std::span<const LeafRef> leaves, const RowScatter& rs) {
+  const auto& bk = plan.buckets[b];
+  const std::size_t isz = itemsize(bk.dtype);
+  const auto size = static_cast<std::size_t>(rs.g.size);
+  const auto me = static_cast<std::size_t>(rs.g.rank);
+  auto st = runner.state(rs.what, plan, b, leaves, rs.g.size);
+  st->held.push_back(rs.src);
+  st->held.push_back(rs.shards);
+  // Leaves with no elements are not in the plan: every slot's leaf has rows > 0.
+  std::vector<std::int64_t> rows;
+  for (const auto& slot : bk.slots) rows.push_back(rs.src->tensors[slot.leaf].shape()[0]);
+  auto counts = std::make_shared<std::vector<int>>();
+  for (std::size_t r = 0; r < size; ++r) {
+    const std::vector<std::size_t> theirs = rank_bytes(bk, rows, rs.split, r);
+    const std::size_t n = std::accumulate(theirs.begin(), theirs.end(), std::size_t{0});
+    counts->push_back(detail::mpi_count(n / isz, rs.what));
+  }
+  st->held.push_back(counts);
+  const std::byte* send = rank_major(bk, *rs.src, rows, rs.split, size, *st);
+  const std::size_t block = static_cast<std::size_t>((*counts)[me]) * isz;
+  std::byte* recv = shard_destination(bk, *rs.shards, block, *st);
+  st->finish = shard_finish(bk, rs.shards, recv, block, rs.op == ReduceOp::AVG, rs.g.size,
+                            rank_bytes(bk, rows, rs.split, me));
+  const MPI_Datatype type = detail::mpi_datatype(bk.dtype);
+  const MPI_Op mop = detail::mpi_op(rs.op, bk.dtype);
+  const int* c = counts->data();
+  const detail::DataCall call =
+      rs.split.even() ? detail::reduce_scatter_block_call(send, recv, c[0], type, mop, rs.g.comm)
+                      : detail::reduce_scatter_call(send, recv, c, type, mop, rs.g.comm);
+  runner.run_one(st, [&](MPI_Request* req) { detail::post(call, req); });
+}
+
 // Both reduce_scatter forms: checks (`err`: this rank's bad argument), agreement, this rank's
-// shards as fresh leaves of a dict of this one's structure (`out`), then per bucket one
-// MPI_Reduce_scatter_block (even split) or MPI_Reduce_scatter (per-rank counts).
+// shards as fresh leaves of a dict of this one's structure (`out`), then the buckets.
 std::vector<Work> reduce_scatter_rows(const TensorDict& self, std::span<const LeafRef> leaves,
                                       TensorDict& out, ReduceOp op, const RowSplit& split,
                                       std::string_view what, std::string err,
@@ -417,7 +524,6 @@ std::vector<Work> reduce_scatter_rows(const TensorDict& self, std::span<const Le
       std::move(err));
   const detail::GroupState& g = *prepared.group;
   const BucketPlan& plan = *prepared.plan;
-  const auto size = static_cast<std::size_t>(g.size);
   const auto me = static_cast<std::size_t>(g.rank);
 
   auto shards = std::make_shared<Leaves>(fresh_leaves(leaves, plan, [&](const Tensor& t) {
@@ -430,88 +536,10 @@ std::vector<Work> reduce_scatter_rows(const TensorDict& self, std::span<const Le
     if (!b.empty()) b[0] = split.rows_of(b[0], me);
     return b;
   });
-
-  // A bucket's send buffer is rank-major: rank r's rows of each of the bucket's leaves, back to
-  // back, so MPI hands each rank its rows packed like the bucket (counts[r] elements). A bucket
-  // of one contiguous leaf is that already.
-  auto src = std::make_shared<Leaves>(handles(leaves));
+  const RowScatter rs{g, op, split, what, std::make_shared<Leaves>(handles(leaves)), shards};
   detail::BucketRunner runner(prepared.deadline, opts.async_op);
-  for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
-    const auto& bk = plan.buckets[b];
-    const std::size_t isz = itemsize(bk.dtype);
-    auto st = runner.state(what, plan, b, leaves, g.size);
-    st->held.push_back(src);
-    st->held.push_back(shards);
-    // Leaves with no elements are not in the plan: every slot's leaf has rows > 0.
-    std::vector<std::int64_t> rows;
-    for (const auto& slot : bk.slots) rows.push_back(src->tensors[slot.leaf].shape()[0]);
-    auto counts = std::make_shared<std::vector<int>>();
-    for (std::size_t r = 0; r < size; ++r) {
-      std::size_t n = 0;
-      for (std::size_t s = 0; s < bk.slots.size(); ++s)
-        n += split.bytes_of(bk.slots[s].nbytes, rows[s], r).second;
-      counts->push_back(detail::mpi_count(n / isz, what));
-    }
-    st->held.push_back(counts);
-    const std::byte* send;
-    if (bk.slots.size() == 1 && !bk.strided) {
-      send = static_cast<const std::byte*>(src->tensors[bk.slots[0].leaf].raw_data());
-    } else {
-      auto buf = storage(bk.nbytes);
-      st->held.push_back(buf);
-      std::byte* to = buf->data;
-      std::vector<Tensor> contiguous;
-      for (const auto& slot : bk.slots) contiguous.push_back(src->tensors[slot.leaf].contiguous());
-      for (std::size_t r = 0; r < size; ++r) {
-        for (std::size_t s = 0; s < bk.slots.size(); ++s) {
-          const auto [off, n] = split.bytes_of(bk.slots[s].nbytes, rows[s], r);
-          std::memcpy(to, static_cast<const std::byte*>(contiguous[s].raw_data()) + off, n);
-          to += n;
-        }
-      }
-      send = buf->data;
-    }
-    const std::size_t block = static_cast<std::size_t>((*counts)[me]) * isz;
-    std::byte* recv;
-    const bool direct = bk.slots.size() == 1;
-    if (direct) {
-      recv = static_cast<std::byte*>(shards->tensors[bk.slots[0].leaf].raw_data());
-    } else {
-      auto buf = storage(std::max<std::size_t>(block, 1));
-      st->held.push_back(buf);
-      recv = buf->data;
-    }
-    std::vector<std::size_t> mine;  // this rank's bytes of each slot's leaf
-    for (std::size_t s = 0; s < bk.slots.size(); ++s)
-      mine.push_back(split.bytes_of(bk.slots[s].nbytes, rows[s], me).second);
-    auto bucket = std::make_shared<BucketPlan::Bucket>(bk);
-    const bool avg = op == ReduceOp::AVG;
-    const int divisor = g.size;
-    st->finish = [bucket, shards, recv, block, direct, avg, divisor, mine = std::move(mine), isz] {
-      if (avg)
-        detail::divide_in_place(recv, static_cast<std::int64_t>(block / isz), bucket->dtype,
-                                divisor);
-      if (direct) return;
-      const std::byte* from = recv;
-      for (std::size_t s = 0; s < bucket->slots.size(); ++s) {
-        std::memcpy(shards->tensors[bucket->slots[s].leaf].raw_data(), from, mine[s]);
-        from += mine[s];
-      }
-    };
-    const MPI_Datatype type = detail::mpi_datatype(bk.dtype);
-    const MPI_Op mop = detail::mpi_op(op, bk.dtype);
-    const MPI_Comm comm = g.comm;
-    const int* c = counts->data();
-    if (split.even()) {
-      runner.run_one(st, [&](MPI_Request* req) {
-        detail::post(detail::reduce_scatter_block_call(send, recv, c[0], type, mop, comm), req);
-      });
-    } else {
-      runner.run_one(st, [&](MPI_Request* req) {
-        detail::post(detail::reduce_scatter_call(send, recv, c, type, mop, comm), req);
-      });
-    }
-  }
+  for (std::size_t b = 0; b < plan.buckets.size(); ++b)
+    reduce_scatter_bucket(runner, plan, b, leaves, rs);
   out = std::move(result);
   return runner.works();
 }
