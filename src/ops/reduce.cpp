@@ -12,6 +12,93 @@
 
 namespace td::detail {
 
+namespace {
+
+// A sparse leaf's entries as they travel: `nnz` indices as [nnz, ndim] int64 (entry-major, so
+// ranks' parts concatenate) and their [nnz] values.
+struct SparseEntries {
+  std::int64_t nnz = 0;
+  Tensor indices;
+  Tensor values;
+};
+
+// The entries of a sparse leaf.
+SparseEntries entries_of(const Tensor& leaf) {
+  return {leaf.nnz(), leaf.indices().transpose(0, 1).contiguous(), leaf.values().contiguous()};
+}
+
+// A count of entries (or of their index elements) as MPI's int, checked.
+int entry_count(std::int64_t n, std::string_view counted) {
+  return mpi_count(static_cast<std::size_t>(n), counted);
+}
+
+// The root's entries to every rank: their number, then indices and values (into fresh tensors
+// off the root).
+void broadcast_entries(SparseEntries& e, std::int64_t ndim, DType dtype, const CollectiveCall& call,
+                       const GroupState& g, std::string_view counted) {
+  post(bcast_call(&e.nnz, 1, MPI_INT64_T, call.root, g.comm), nullptr);
+  if (g.rank != call.root) {
+    e.indices = Tensor::empty({e.nnz, ndim}, DType::Int64);
+    e.values = Tensor::empty({e.nnz}, dtype);
+  }
+  post(bcast_call(e.indices.raw_data(), entry_count(e.nnz * ndim, counted), MPI_INT64_T, call.root,
+                  g.comm),
+       nullptr);
+  post(bcast_call(e.values.raw_data(), entry_count(e.nnz, counted), mpi_datatype(dtype), call.root,
+                  g.comm),
+       nullptr);
+}
+
+// Every rank's entries, rank after rank, to every rank (`to`: nullopt) or to one: their numbers
+// first, then indices and values. Empty where nothing is received.
+SparseEntries gather_entries(const SparseEntries& mine, std::int64_t ndim, DType dtype,
+                             std::optional<int> to, const GroupState& g, std::string_view counted) {
+  const bool gathers = !to || g.rank == *to;
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(g.size));
+  post(gather_to(to, &mine.nnz, 1, MPI_INT64_T, counts.data(), 1, MPI_INT64_T, g.comm), nullptr);
+  std::vector<int> ecount(counts.size()), edispl(counts.size()), vcount(counts.size()),
+      vdispl(counts.size());
+  std::int64_t total = 0;
+  if (gathers) {
+    for (std::size_t r = 0; r < counts.size(); ++r) {
+      vcount[r] = entry_count(counts[r], counted);
+      vdispl[r] = entry_count(total, counted);
+      ecount[r] = entry_count(counts[r] * ndim, counted);
+      edispl[r] = entry_count(total * ndim, counted);
+      total += counts[r];
+    }
+    entry_count(total * ndim, counted);
+  }
+  SparseEntries all{total, Tensor::empty({gathers ? total * ndim : 0}, DType::Int64),
+                    Tensor::empty({gathers ? total : 0}, dtype)};
+  const MPI_Datatype vtype = mpi_datatype(dtype);
+  post(gatherv_to(to, mine.indices.raw_data(), entry_count(mine.nnz * ndim, counted), MPI_INT64_T,
+                  all.indices.raw_data(), ecount.data(), edispl.data(), MPI_INT64_T, g.comm),
+       nullptr);
+  post(gatherv_to(to, mine.values.raw_data(), entry_count(mine.nnz, counted), vtype,
+                  all.values.raw_data(), vcount.data(), vdispl.data(), vtype, g.comm),
+       nullptr);
+  return all;
+}
+
+// The leaf made of received entries: a reduction's coalesced (duplicates summed) and, for AVG,
+// divided by the group size; a broadcast's as they are.
+Tensor sparse_result(const SparseEntries& e, const Shape& shape, const CollectiveCall& call,
+                     int group_size) {
+  const auto ndim = static_cast<std::int64_t>(shape.size());
+  Tensor indices = e.indices.view({e.nnz, ndim}).transpose(0, 1).contiguous();
+  Tensor result = Tensor::sparse_coo(indices, e.values, shape);
+  if (call.kind == CollectiveKind::Broadcast) return result;
+  result = result.coalesce();
+  if (call.op == ReduceOp::AVG) {
+    Tensor v = result.values();
+    divide_in_place(v.raw_data(), v.numel(), v.dtype(), group_size);
+  }
+  return result;
+}
+
+}  // namespace
+
 // Sparse leaves: every rank's (index, value) entries are gathered and duplicates summed, so the
 // result, densified, equals the dense reduction of the densified inputs. Never bucketed.
 void run_sparse(Tensor& leaf, const CollectiveCall& call, GroupState& g) {
@@ -19,89 +106,20 @@ void run_sparse(Tensor& leaf, const CollectiveCall& call, GroupState& g) {
   const DType dtype = leaf.dtype();
   const auto ndim = static_cast<std::int64_t>(shape.size());
   const bool root = g.rank == call.root;
-  std::int64_t nnz = 0;
-  Tensor entries, values;  // entries: [nnz, ndim] int64, entry-major so ranks' parts concatenate
-  if (call.kind != CollectiveKind::Broadcast || root) {
-    nnz = leaf.nnz();
-    entries = leaf.indices().transpose(0, 1).contiguous();
-    values = leaf.values().contiguous();
-  }
-  const MPI_Datatype vtype = mpi_datatype(dtype);
-  auto finish = [&](const Tensor& all_entries, const Tensor& all_values, std::int64_t total) {
-    Tensor indices = all_entries.view({total, ndim}).transpose(0, 1).contiguous();
-    Tensor result = Tensor::sparse_coo(indices, all_values, shape);
-    if (call.kind != CollectiveKind::Broadcast) {
-      result = result.coalesce();
-      if (call.op == ReduceOp::AVG) {
-        Tensor v = result.values();
-        divide_in_place(v.raw_data(), v.numel(), dtype, g.size);
-      }
-    }
-    leaf = result;
-  };
   const std::string counted = fmt::format("{}: a sparse leaf's entries", call.name);
-  auto to_int = [&](std::int64_t n) {
-    return detail::mpi_count(static_cast<std::size_t>(n), counted);
-  };
+  SparseEntries
+      mine;  // what this rank sends: every rank's of a reduction, the root's of a broadcast
+  if (call.kind != CollectiveKind::Broadcast || root) mine = entries_of(leaf);
   if (call.kind == CollectiveKind::Broadcast) {
-    detail::post(detail::bcast_call(&nnz, 1, MPI_INT64_T, call.root, g.comm), nullptr);
-    if (!root) {
-      entries = Tensor::empty({nnz, ndim}, DType::Int64);
-      values = Tensor::empty({nnz}, dtype);
-    }
-    detail::post(
-        detail::bcast_call(entries.raw_data(), to_int(nnz * ndim), MPI_INT64_T, call.root, g.comm),
-        nullptr);
-    detail::post(detail::bcast_call(values.raw_data(), to_int(nnz), vtype, call.root, g.comm),
-                 nullptr);
-    if (!root) finish(entries, values, nnz);
+    broadcast_entries(mine, ndim, dtype, call, g, counted);
+    if (!root) leaf = sparse_result(mine, shape, call, g.size);
     return;
   }
-  const bool gathers = call.kind == CollectiveKind::AllReduce || root;
-  std::vector<std::int64_t> counts(static_cast<std::size_t>(g.size));
-  if (call.kind == CollectiveKind::AllReduce) {
-    detail::post(
-        detail::allgather_call(&nnz, 1, MPI_INT64_T, counts.data(), 1, MPI_INT64_T, g.comm),
-        nullptr);
-  } else {
-    detail::post(
-        detail::gather_call(&nnz, 1, MPI_INT64_T, counts.data(), 1, MPI_INT64_T, call.root, g.comm),
-        nullptr);
-  }
-  std::vector<int> ecount(counts.size()), edispl(counts.size()), vcount(counts.size()),
-      vdispl(counts.size());
-  std::int64_t total = 0;
-  if (gathers) {
-    for (std::size_t r = 0; r < counts.size(); ++r) {
-      vcount[r] = to_int(counts[r]);
-      vdispl[r] = to_int(total);
-      ecount[r] = to_int(counts[r] * ndim);
-      edispl[r] = to_int(total * ndim);
-      total += counts[r];
-    }
-    to_int(total * ndim);
-  }
-  Tensor all_entries = Tensor::empty({gathers ? total * ndim : 0}, DType::Int64);
-  Tensor all_values = Tensor::empty({gathers ? total : 0}, dtype);
-  if (call.kind == CollectiveKind::AllReduce) {
-    detail::post(detail::allgatherv_call(entries.raw_data(), to_int(nnz * ndim), MPI_INT64_T,
-                                         all_entries.raw_data(), ecount.data(), edispl.data(),
-                                         MPI_INT64_T, g.comm),
-                 nullptr);
-    detail::post(
-        detail::allgatherv_call(values.raw_data(), to_int(nnz), vtype, all_values.raw_data(),
-                                vcount.data(), vdispl.data(), vtype, g.comm),
-        nullptr);
-  } else {
-    detail::post(detail::gatherv_call(entries.raw_data(), to_int(nnz * ndim), MPI_INT64_T,
-                                      all_entries.raw_data(), ecount.data(), edispl.data(),
-                                      MPI_INT64_T, call.root, g.comm),
-                 nullptr);
-    detail::post(detail::gatherv_call(values.raw_data(), to_int(nnz), vtype, all_values.raw_data(),
-                                      vcount.data(), vdispl.data(), vtype, call.root, g.comm),
-                 nullptr);
-  }
-  if (gathers) finish(all_entries, all_values, total);
+  const std::optional<int> to =
+      call.kind == CollectiveKind::AllReduce ? std::nullopt : std::optional<int>(call.root);
+  const SparseEntries all = gather_entries(mine, ndim, dtype, to, g, counted);
+  if (call.kind == CollectiveKind::AllReduce || root)
+    leaf = sparse_result(all, shape, call, g.size);
 }
 
 void run_sparse_leaves(const BucketPlan& plan, std::span<const LeafRef> leaves,
