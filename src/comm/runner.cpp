@@ -289,6 +289,39 @@ void WireBucket::post(const CollectiveCall& call, const std::shared_ptr<GroupSta
   advance_stages(t, st);
 }
 
+namespace {
+
+// The group's pack buffer, taken by one sync call for as long as it runs and given back after:
+// the group keeps one between calls, and two threads calling collectives at once never share it
+// (the second allocates its own).
+class ScratchLease {
+ public:
+  // At least `nbytes` (none for 0).
+  ScratchLease(GroupState& g, std::size_t nbytes) : g_(g) {
+    if (nbytes == 0) return;
+    {
+      std::lock_guard lock(g_.mu);
+      scratch_ = std::move(g_.scratch);
+    }
+    if (!scratch_ || scratch_->nbytes < nbytes) scratch_ = std::make_shared<Storage>(nbytes);
+    note_extra_bytes(nbytes);
+  }
+  ~ScratchLease() {
+    if (!scratch_) return;
+    std::lock_guard lock(g_.mu);
+    if (!g_.scratch || g_.scratch->nbytes < scratch_->nbytes) g_.scratch = std::move(scratch_);
+  }
+  ScratchLease(const ScratchLease&) = delete;
+  ScratchLease& operator=(const ScratchLease&) = delete;
+  std::byte* data() const { return scratch_->data; }
+
+ private:
+  GroupState& g_;
+  std::shared_ptr<Storage> scratch_;
+};
+
+}  // namespace
+
 void run_sync(const std::shared_ptr<const BucketPlan>& plan_ptr, std::span<const LeafRef> leaves,
               const CollectiveCall& call, GroupState& g, const LeafMemory& mem) {
   const BucketPlan& plan = *plan_ptr;
@@ -303,32 +336,12 @@ void run_sync(const std::shared_ptr<const BucketPlan>& plan_ptr, std::span<const
   const bool pipeline = config().sync_pipeline;
   const std::size_t slots = pipeline ? 2 : 1;
   const std::size_t stride = (need + 63) / 64 * 64;  // each slot starts aligned for any dtype
-  // The group keeps one pack buffer between calls; a call takes it out while it runs, so two
-  // threads calling collectives at once never share it (the second allocates its own).
-  std::shared_ptr<Storage> scratch;
-  if (need > 0) {
-    {
-      std::lock_guard lock(g.mu);
-      scratch = std::move(g.scratch);
-    }
-    if (!scratch || scratch->nbytes < stride * slots)
-      scratch = std::make_shared<Storage>(stride * slots);
-    note_extra_bytes(stride * slots);
-  }
-  struct ReturnScratch {
-    GroupState& g;
-    std::shared_ptr<Storage>& s;
-    ~ReturnScratch() {
-      if (!s) return;
-      std::lock_guard lock(g.mu);
-      if (!g.scratch || g.scratch->nbytes < s->nbytes) g.scratch = std::move(s);
-    }
-  } give_back{g, scratch};
+  const ScratchLease scratch(g, need > 0 ? stride * slots : 0);
   auto bucket = [&](std::size_t b) {
     const auto& bk = plan.buckets[b];
     if (direct[b])
       return WireBucket(bk.dtype, bk.nbytes, mem.data[bk.slots[0].leaf], false, call, roles, {});
-    return WireBucket(bk.dtype, bk.nbytes, scratch->data + (b % slots) * stride, true, call, roles,
+    return WireBucket(bk.dtype, bk.nbytes, scratch.data() + (b % slots) * stride, true, call, roles,
                       {});
   };
   auto finish = [&](std::size_t b) {
