@@ -10,6 +10,7 @@
 #include "comm/engine_internal.hpp"
 #include "comm/executor.hpp"
 #include "core/config.hpp"
+#include "runtime/deadline.hpp"
 #include "runtime/log.hpp"
 
 namespace td::detail {

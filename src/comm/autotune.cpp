@@ -51,6 +51,7 @@
 #include "comm/collective_engine.hpp"
 #include "comm/executor.hpp"
 #include "core/config.hpp"
+#include "runtime/deadline.hpp"
 #include "runtime/log.hpp"
 
 namespace td::detail {

@@ -14,7 +14,8 @@
 #include "comm/validate.hpp"
 #include "core/dict_internal.hpp"
 #include "runtime/flight_recorder.hpp"
-#include "runtime/runtime.hpp"
+#include "runtime/group_state.hpp"
+#include "runtime/work_state.hpp"
 
 namespace td::detail {
 

@@ -15,6 +15,7 @@
 
 #include "comm/collective_engine.hpp"
 #include "comm/compression.hpp"
+#include "runtime/mpi_types.hpp"
 
 namespace td::detail {
 

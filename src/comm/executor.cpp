@@ -2,7 +2,8 @@
 
 #include <utility>
 
-#include "runtime/runtime.hpp"
+#include "runtime/mpi_error.hpp"
+#include "runtime/work_state.hpp"
 
 namespace td::detail {
 

@@ -4,6 +4,8 @@
 
 #include "comm/collective_engine.hpp"
 #include "comm/executor.hpp"
+#include "runtime/deadline.hpp"
+#include "runtime/mpi_error.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>

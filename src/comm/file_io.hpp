@@ -17,7 +17,8 @@
 
 #include <mpi.h>
 
-#include "runtime/runtime.hpp"
+#include "runtime/deadline.hpp"
+#include "runtime/group_state.hpp"
 
 namespace td::detail {
 

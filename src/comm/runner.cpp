@@ -14,8 +14,11 @@
 #include "comm/engine_internal.hpp"
 #include "comm/executor.hpp"
 #include "core/config.hpp"
+#include "runtime/deadline.hpp"
 #include "runtime/diagnosis.hpp"
 #include "runtime/log.hpp"
+#include "runtime/mpi_types.hpp"
+#include "runtime/progress.hpp"
 #include "tensordict/diagnostics.hpp"
 
 namespace td::detail {

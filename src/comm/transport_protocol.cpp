@@ -8,6 +8,9 @@
 
 #include <fmt/format.h>
 
+#include "runtime/deadline.hpp"
+#include "runtime/mpi_types.hpp"
+
 namespace td::detail {
 
 namespace {

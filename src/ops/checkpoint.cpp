@@ -30,6 +30,7 @@
 #include "comm/dict_wire.hpp"
 #include "comm/file_io.hpp"
 #include "comm/validate.hpp"
+#include "runtime/deadline.hpp"
 #include "tensordict/transport.hpp"
 #include "tensordict/version.hpp"
 

@@ -20,6 +20,7 @@
 #include <fmt/ranges.h>
 
 #include "comm/collective_engine.hpp"
+#include "runtime/mpi_types.hpp"
 #include "tensordict/tensor_dict.hpp"
 
 namespace td {

@@ -28,6 +28,9 @@
 #include <fmt/ranges.h>
 
 #include "comm/collective_engine.hpp"
+#include "runtime/deadline.hpp"
+#include "runtime/mpi_types.hpp"
+#include "runtime/progress.hpp"
 #include "tensordict/tensor_dict.hpp"
 
 namespace td {

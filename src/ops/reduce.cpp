@@ -8,7 +8,9 @@
 
 #include "comm/engine_internal.hpp"
 #include "core/config.hpp"
+#include "runtime/deadline.hpp"
 #include "runtime/log.hpp"
+#include "runtime/mpi_types.hpp"
 
 namespace td::detail {
 

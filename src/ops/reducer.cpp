@@ -19,8 +19,9 @@
 
 #include "comm/engine_internal.hpp"
 #include "core/dict_internal.hpp"
+#include "runtime/deadline.hpp"
 #include "runtime/log.hpp"
-#include "runtime/runtime.hpp"
+#include "runtime/progress.hpp"
 
 namespace td {
 

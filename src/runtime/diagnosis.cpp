@@ -23,8 +23,8 @@
 #include <fmt/format.h>
 
 #include "core/config.hpp"
+#include "runtime/group_state.hpp"
 #include "runtime/rank_list.hpp"
-#include "runtime/runtime.hpp"
 #include "tensordict/collectives.hpp"
 
 namespace td {

@@ -19,7 +19,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/config.hpp"
-#include "runtime/runtime.hpp"
+#include "runtime/group_state.hpp"
+#include "runtime/work_state.hpp"
 #include "tensordict/dtype.hpp"
 #include "tensordict/errors.hpp"
 #include "tensordict/flight_recorder.hpp"

@@ -9,7 +9,8 @@
 #include <Eigen/Core>
 
 #include "core/half_convert.hpp"
-#include "runtime/runtime.hpp"
+#include "runtime/mpi_error.hpp"
+#include "runtime/mpi_types.hpp"
 
 namespace td {
 

@@ -15,10 +15,14 @@
 
 #include "core/config.hpp"
 #include "core/storage_pool.hpp"
+#include "runtime/deadline.hpp"
 #include "runtime/diagnosis.hpp"
 #include "runtime/flight_recorder.hpp"
+#include "runtime/group_state.hpp"
 #include "runtime/log.hpp"
-#include "runtime/runtime.hpp"
+#include "runtime/mpi_error.hpp"
+#include "runtime/mpi_types.hpp"
+#include "runtime/progress.hpp"
 #include "tensordict/errors.hpp"
 
 namespace td {

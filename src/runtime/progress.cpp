@@ -17,7 +17,8 @@
 
 #include "core/config.hpp"
 #include "runtime/log.hpp"
-#include "runtime/runtime.hpp"
+#include "runtime/progress.hpp"
+#include "runtime/work_state.hpp"
 #include "tensordict/errors.hpp"
 
 namespace td::detail {

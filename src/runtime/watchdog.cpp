@@ -17,8 +17,9 @@
 
 #include <fmt/format.h>
 
+#include "runtime/deadline.hpp"
 #include "runtime/diagnosis.hpp"
-#include "runtime/runtime.hpp"
+#include "runtime/work_state.hpp"
 #include "tensordict/process_group.hpp"
 
 namespace td::detail {

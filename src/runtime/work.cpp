@@ -11,7 +11,9 @@
 
 #include "runtime/diagnosis.hpp"
 #include "runtime/log.hpp"
-#include "runtime/runtime.hpp"
+#include "runtime/mpi_error.hpp"
+#include "runtime/progress.hpp"
+#include "runtime/work_state.hpp"
 
 namespace td {
 
