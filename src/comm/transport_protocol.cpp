@@ -508,7 +508,10 @@ StreamMessages scatter_streams(TransportCall& t, const std::array<Tensor, kNumDT
 std::vector<SizeRecord> allgather_size_table(TransportCall& t, const SizeRecord& mine) {
   auto& words = t.hold->words;
   words.resize(static_cast<std::size_t>(t.g.size) * kSizeWords);
-  t.step.post(allgather_call(mine.data(), kSizeWords, MPI_UINT64_T, words.data(), kSizeWords,
+  // MPI reads the record until the request completes: a copy in the hold, which outlives a
+  // timeout, not the caller's.
+  const SizeRecord& sent = t.hold->sent_sizes = mine;
+  t.step.post(allgather_call(sent.data(), kSizeWords, MPI_UINT64_T, words.data(), kSizeWords,
                              MPI_UINT64_T, t.g.comm));
   t.step.wait();
   return checked_size_table(words, std::nullopt, t.what);
@@ -521,7 +524,8 @@ Region gather_metadata(TransportCall& t, std::optional<int> root,
   auto& all = t.hold->bytes.emplace_back(receives ? static_cast<std::size_t>(mc.total) : 0);
   if (receives) arm_parts(table, all.data(), mc, 1);
   const int my_bytes = mc.counts[static_cast<std::size_t>(t.g.rank)];
-  t.step.post(gatherv_to(root, mine.data(), my_bytes, MPI_BYTE, all.data(), mc.counts.data(),
+  const auto& sent = t.hold->bytes.emplace_back(mine);  // read by MPI until done (see above)
+  t.step.post(gatherv_to(root, sent.data(), my_bytes, MPI_BYTE, all.data(), mc.counts.data(),
                          mc.displs.data(), MPI_BYTE, t.g.comm));
   t.step.wait();
   return all;

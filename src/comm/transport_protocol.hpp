@@ -77,6 +77,7 @@ struct TransportHold {
   // so they live as long as the buffers (also past a timeout, when the hold is leaked).
   VCounts meta_counts;
   std::vector<VCounts> per_dtype;
+  SizeRecord sent_sizes{};  // this rank's size record, as the all-gather of the records reads it
 
   /// A sender's leaves, which its in-place messages read: held like every other buffer.
   void keep(const OutgoingDict& o) {
