@@ -4,6 +4,7 @@
 
 #include "comm/collective_engine.hpp"
 #include "comm/executor.hpp"
+#include "core/config.hpp"
 #include "runtime/deadline.hpp"
 #include "runtime/mpi_error.hpp"
 
@@ -38,8 +39,13 @@ using Clock = std::chrono::steady_clock;
 // Ranges at most this large go through the staging buffer with their neighbours.
 constexpr std::uint64_t kSmallRange = std::uint64_t{1} << 20;
 constexpr std::uint64_t kStagingBytes = std::uint64_t{8} << 20;
-// Bytes one rank moves per collective MPI-IO call (and the largest block of a datatype).
+// Bytes one rank moves per collective MPI-IO call (and the largest block of a datatype), unless
+// a test sets fewer (TD_TEST_IO_ROUND_BYTES).
 constexpr std::uint64_t kRoundBytes = std::uint64_t{512} << 20;
+std::uint64_t round_bytes() {
+  const std::uint64_t b = config().test_io_round_bytes;
+  return b > 0 ? b : kRoundBytes;
+}
 
 void pwrite_all(int fd, const std::byte* p, std::uint64_t n, std::uint64_t off,
                 const fs::path& path) {
@@ -227,21 +233,18 @@ void CollectiveFile::resize(std::uint64_t bytes) {
   TD_MPI_CHECK(MPI_File_set_size(fh_, static_cast<MPI_Offset>(bytes)));
 }
 
-namespace {
-
-// Blocks of at most kRoundBytes dealt into rounds of at most kRoundBytes each (a block adjacent
-// to the previous one both in the file and in memory joins it), so no count reaches INT_MAX.
-std::vector<std::vector<FileRange>> split_rounds(const std::vector<FileRange>& blocks) {
+std::vector<std::vector<FileRange>> split_rounds(const std::vector<FileRange>& blocks,
+                                                 std::uint64_t round_bytes) {
   std::vector<std::vector<FileRange>> rounds;
-  std::uint64_t in_round = kRoundBytes;
+  std::uint64_t in_round = round_bytes;
   for (const auto& r : blocks) {
     std::uint64_t done = 0;
     while (done < r.size) {
-      if (in_round == kRoundBytes) {
+      if (in_round == round_bytes) {
         rounds.emplace_back();
         in_round = 0;
       }
-      const std::uint64_t n = std::min(r.size - done, kRoundBytes - in_round);
+      const std::uint64_t n = std::min(r.size - done, round_bytes - in_round);
       auto& cur = rounds.back();
       if (!cur.empty() && cur.back().offset + cur.back().size == r.offset + done &&
           cur.back().data + cur.back().size == r.data + done) {
@@ -256,6 +259,8 @@ std::vector<std::vector<FileRange>> split_rounds(const std::vector<FileRange>& b
   return rounds;
 }
 
+namespace {
+
 // The two hindexed types of one round: its blocks in the file (from offset 0) and in memory
 // (absolute addresses, for MPI_BOTTOM); freed with the object.
 struct RoundTypes {
@@ -265,7 +270,7 @@ struct RoundTypes {
     std::vector<int> lens(round.size());
     std::vector<MPI_Aint> file_displs(round.size()), mem_displs(round.size());
     for (std::size_t i = 0; i < round.size(); ++i) {
-      lens[i] = static_cast<int>(round[i].size);  // <= kRoundBytes < INT_MAX
+      lens[i] = static_cast<int>(round[i].size);  // <= round_bytes() <= 512 MiB < INT_MAX
       file_displs[i] = static_cast<MPI_Aint>(round[i].offset);
       TD_MPI_CHECK(MPI_Get_address(round[i].data, &mem_displs[i]));
     }
@@ -285,8 +290,8 @@ struct RoundTypes {
 }  // namespace
 
 void CollectiveFile::transfer(std::span<const FileRange> ranges, bool write) {
-  // Split every range into blocks of at most kRoundBytes and deal them into rounds of at most
-  // kRoundBytes each; every rank runs as many collective calls as the rank with most rounds.
+  // Split every range into blocks of at most round_bytes() and deal them into rounds of at most
+  // that many bytes each; every rank runs as many collective calls as the rank with most rounds.
   const auto rs = sorted(ranges);
   // Small ranges back to back in the file go through staging buffers, one block per batch
   // instead of one per range: MPI-IO's cost grows with the blocks of a datatype (16384 leaves of
@@ -311,7 +316,7 @@ void CollectiveFile::transfer(std::span<const FileRange> ranges, bool write) {
         std::memcpy(st.buf.data() + (rs[k].offset - rs[i].offset), rs[k].data, rs[k].size);
     blocks.push_back({rs[i].offset, st.buf.data(), st.buf.size()});
   });
-  const auto rounds = split_rounds(blocks);
+  const auto rounds = split_rounds(blocks, round_bytes());
   auto count = std::make_shared<std::uint64_t>(rounds.size());
   const std::function<std::string()> describe = [&] {
     return fmt::format("collective {} of {} on a group of {}", write ? "write" : "read",
@@ -389,7 +394,7 @@ void CollectiveFile::read_shared(std::span<const FileRange> shared,
   if (n == 1) return;
   BlockingPhase phase(deadline_, describe);
   for (std::uint64_t root = 0; root < n; ++root)
-    for (const auto& round : split_rounds(shares[root])) {
+    for (const auto& round : split_rounds(shares[root], round_bytes())) {
       const RoundTypes types(round);
       post(bcast_call(MPI_BOTTOM, 1, types.memory, static_cast<int>(root), group_->comm), nullptr);
     }

@@ -30,6 +30,12 @@ struct FileRange {
   std::uint64_t size = 0;
 };
 
+/// `blocks` dealt, in order, into rounds of at most `round_bytes` bytes each (a block is cut where
+/// a round ends; a block adjacent to the previous one both in the file and in memory joins it):
+/// what one collective MPI-IO call of CollectiveFile moves, so no count reaches INT_MAX.
+std::vector<std::vector<FileRange>> split_rounds(const std::vector<FileRange>& blocks,
+                                                 std::uint64_t round_bytes);
+
 /// A file of this process (POSIX). Writes and reads coalesce small adjacent ranges through one
 /// staging buffer, so many small leaves cost few system calls.
 class LocalFile {

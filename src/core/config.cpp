@@ -99,6 +99,9 @@ Config read() {
       start = comma + 1;
     }
   }
+  if (auto v = env("TD_TEST_IO_ROUND_BYTES"))
+    c.test_io_round_bytes = std::min<std::uint64_t>(parse_positive("TD_TEST_IO_ROUND_BYTES", *v),
+                                                    std::uint64_t{512} << 20);
   if (auto v = env("TD_LOG_LEVEL")) {
     if (*v == "off") {
       c.log_level = LogLevel::Off;

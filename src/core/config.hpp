@@ -40,6 +40,9 @@ struct Config {
   // TD_TEST_RANKS_PER_NODE (for tests only): "3,1" puts world ranks 0-2 on one simulated node and
   // every further rank on a node of its own (the last size repeats); empty: the real nodes.
   std::vector<int> test_node_sizes;
+  // TD_TEST_IO_ROUND_BYTES (for tests only): the bytes one rank moves per collective MPI-IO call
+  // (0: 512 MiB), so that tests cross the rounds' boundaries with small files.
+  std::uint64_t test_io_round_bytes = 0;
 };
 
 /// What init_process_group did to glibc's allocator, for logs and the autotune cache key.
