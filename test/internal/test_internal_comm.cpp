@@ -1,21 +1,22 @@
 // White-box tests of the comm layer's parts that the library does not export: the packer (run
 // merging on the flat arrays, strided leaves by their own strides), the per-dict layout cache
-// (every way a leaf changes is noticed), and the one layout difference routine. Linked with the
-// library's objects (CMakeLists.txt, test/internal), without MPI_Init: nothing here calls MPI.
+// (every way a leaf changes is noticed), the one layout difference routine, the tail guard, and
+// what the executor's DataCall factories record. Linked with the library's objects
+// (CMakeLists.txt, test/internal), without MPI_Init: nothing here calls MPI (MPI_COMM_WORLD,
+// MPI_INT and MPI_SUM are link-time constants; test_internal_mpi posts the calls).
 #include <catch2/catch.hpp>
 
-#include <cmath>
-#include <complex>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 #include <span>
-#include <type_traits>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "comm/engine_internal.hpp"
+#include "comm/executor.hpp"
 #include "comm/tail_guard.hpp"
 
 using td::BucketPlan;
@@ -305,53 +306,6 @@ TEST_CASE("describe_leaves and layout_hash tell a flat dotted name from a nested
   CHECK(plain[0].shape == td::Shape{2});
 }
 
-// AVG's division runs vectorised, and by multiplication for a power-of-two group: the results
-// must still be the bits of dividing each element on its own (what the test oracle and a
-// hand-written loop give), subnormals, infinities and the largest values included.
-template <class T>
-std::vector<T> avg_inputs() {
-  std::vector<T> v;
-  std::uint64_t s = 0x9e3779b97f4a7c15ULL;
-  for (int i = 0; i < 4099; ++i) {  // not a multiple of any packet size
-    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-    const auto bits = static_cast<std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>(
-        sizeof(T) == 4 ? (s >> 32) : s);
-    T x;
-    std::memcpy(&x, &bits, sizeof x);
-    if (std::isnan(x)) x = T(1.5);
-    v.push_back(x);
-  }
-  for (T x : {std::numeric_limits<T>::denorm_min(), std::numeric_limits<T>::min(),
-              std::numeric_limits<T>::max(), -std::numeric_limits<T>::max(),
-              std::numeric_limits<T>::infinity(), T(0), -T(0), T(3), T(1) / T(3)})
-    v.push_back(x);
-  return v;
-}
-
-TEMPLATE_TEST_CASE("divide_in_place gives the bits of an element-wise division", "[avg]", float,
-                   double) {
-  using T = TestType;
-  const td::DType dt = std::is_same_v<T, float> ? td::DType::Float32 : td::DType::Float64;
-  for (int divisor = 1; divisor <= 9; ++divisor) {
-    CAPTURE(divisor);
-    std::vector<T> got = avg_inputs<T>();
-    std::vector<T> want = got;
-    volatile T d = static_cast<T>(divisor);  // a division the compiler cannot rewrite
-    for (T& x : want) x = x / d;
-    td::detail::divide_in_place(got.data(), static_cast<std::int64_t>(got.size()), dt, divisor);
-    CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(T)) == 0);
-  }
-  // Complex values: real and imaginary parts each divided.
-  std::vector<std::complex<T>> c = {{T(1), T(-3)}, {std::numeric_limits<T>::denorm_min(), T(7)}};
-  td::detail::divide_in_place(
-      c.data(), 2, std::is_same_v<T, float> ? td::DType::Complex64 : td::DType::Complex128, 3);
-  volatile T three = 3;
-  CHECK(c[0].real() == T(1) / three);
-  CHECK(c[0].imag() == T(-3) / three);
-  CHECK(c[1].real() == std::numeric_limits<T>::denorm_min() / three);
-  CHECK(c[1].imag() == T(7) / three);
-}
-
 TEST_CASE("the tail guard differs from every sent tail and finds an unfilled receive",
           "[comm][tail_guard]") {
   using td::detail::TailGuard;
@@ -388,4 +342,145 @@ TEST_CASE("the tail guard differs from every sent tail and finds an unfilled rec
   std::vector<std::byte> any(16, std::byte{7});
   CHECK_FALSE(TailGuard().short_message(any));
   CHECK_FALSE(guard.short_message(std::span<const std::byte>()));
+}
+
+// Each factory names only what its MPI routine takes, each in its field: a root left at 0, a
+// receive count in count or a reduce op dropped would post another call than the one meant.
+TEST_CASE("the executor's DataCall factories record their routine's arguments", "[executor]") {
+  using td::detail::DataCall;
+  using Op = DataCall::Op;
+  const MPI_Comm w = MPI_COMM_WORLD;
+  int s[4] = {}, r[16] = {};
+  const int n[3] = {1, 2, 3}, at[3] = {0, 1, 3};
+  // Every field, so that two calls compare whole.
+  auto fields = [](const DataCall& c) {
+    return std::tuple(c.op, c.comm, c.type, c.recv_type, c.send, c.recv, c.count, c.recv_count,
+                      c.counts, c.displs, c.reduce_op, c.root, c.tag, c.control);
+  };
+  using td::detail::allgather_call, td::detail::allgatherv_call, td::detail::allreduce_call,
+      td::detail::barrier_call, td::detail::bcast_call, td::detail::gather_call,
+      td::detail::gatherv_call, td::detail::recv_call, td::detail::reduce_call,
+      td::detail::reduce_scatter_block_call, td::detail::reduce_scatter_call,
+      td::detail::scatter_call, td::detail::scatterv_call, td::detail::send_call;
+  const std::vector<std::pair<DataCall, DataCall>> made_and_meant = {
+      {send_call(s, 4, MPI_INT, 2, 77, w),  // the peer travels in root
+       {.op = Op::Send, .comm = w, .type = MPI_INT, .send = s, .count = 4, .root = 2, .tag = 77}},
+      {recv_call(r, 5, MPI_DOUBLE, 1, 78, w),
+       {.op = Op::Recv,
+        .comm = w,
+        .type = MPI_DOUBLE,
+        .recv = r,
+        .count = 5,
+        .root = 1,
+        .tag = 78}},
+      {bcast_call(r, 6, MPI_INT, 2, w),  // the one buffer is recv
+       {.op = Op::Bcast, .comm = w, .type = MPI_INT, .recv = r, .count = 6, .root = 2}},
+      {allreduce_call(MPI_IN_PLACE, r, 7, MPI_INT, MPI_SUM, w),
+       {.op = Op::Allreduce,
+        .comm = w,
+        .type = MPI_INT,
+        .send = MPI_IN_PLACE,
+        .recv = r,
+        .count = 7,
+        .reduce_op = MPI_SUM}},
+      {reduce_call(s, r, 4, MPI_INT, MPI_MAX, 2, w),
+       {.op = Op::Reduce,
+        .comm = w,
+        .type = MPI_INT,
+        .send = s,
+        .recv = r,
+        .count = 4,
+        .reduce_op = MPI_MAX,
+        .root = 2}},
+      {allgather_call(s, 4, MPI_INT, r, 4, MPI_INT, w),
+       {.op = Op::Allgather,
+        .comm = w,
+        .type = MPI_INT,
+        .recv_type = MPI_INT,
+        .send = s,
+        .recv = r,
+        .count = 4,
+        .recv_count = 4}},
+      {gather_call(s, 3, MPI_INT, r, 5, MPI_BYTE, 1, w),
+       {.op = Op::Gather,
+        .comm = w,
+        .type = MPI_INT,
+        .recv_type = MPI_BYTE,
+        .send = s,
+        .recv = r,
+        .count = 3,
+        .recv_count = 5,
+        .root = 1}},
+      {allgatherv_call(s, 2, MPI_INT, r, n, at, MPI_BYTE, w),
+       {.op = Op::Allgatherv,
+        .comm = w,
+        .type = MPI_INT,
+        .recv_type = MPI_BYTE,
+        .send = s,
+        .recv = r,
+        .count = 2,
+        .counts = n,
+        .displs = at}},
+      {gatherv_call(s, 2, MPI_INT, r, n, at, MPI_BYTE, 2, w),
+       {.op = Op::Gatherv,
+        .comm = w,
+        .type = MPI_INT,
+        .recv_type = MPI_BYTE,
+        .send = s,
+        .recv = r,
+        .count = 2,
+        .counts = n,
+        .displs = at,
+        .root = 2}},
+      {scatter_call(s, 2, MPI_INT, r, 3, MPI_BYTE, 1, w),
+       {.op = Op::Scatter,
+        .comm = w,
+        .type = MPI_INT,
+        .recv_type = MPI_BYTE,
+        .send = s,
+        .recv = r,
+        .count = 2,
+        .recv_count = 3,
+        .root = 1}},
+      {scatterv_call(s, n, at, MPI_INT, r, 3, MPI_BYTE, 2, w),
+       {.op = Op::Scatterv,
+        .comm = w,
+        .type = MPI_INT,
+        .recv_type = MPI_BYTE,
+        .send = s,
+        .recv = r,
+        .recv_count = 3,
+        .counts = n,
+        .displs = at,
+        .root = 2}},
+      {reduce_scatter_block_call(s, r, 2, MPI_INT, MPI_MIN, w),
+       {.op = Op::ReduceScatterBlock,
+        .comm = w,
+        .type = MPI_INT,
+        .send = s,
+        .recv = r,
+        .count = 2,
+        .reduce_op = MPI_MIN}},
+      {reduce_scatter_call(s, r, n, MPI_INT, MPI_PROD, w),
+       {.op = Op::ReduceScatter,
+        .comm = w,
+        .type = MPI_INT,
+        .send = s,
+        .recv = r,
+        .counts = n,
+        .reduce_op = MPI_PROD}},
+      {barrier_call(w), {.op = Op::Barrier, .comm = w, .type = MPI_DATATYPE_NULL}},
+  };
+  for (std::size_t i = 0; i < made_and_meant.size(); ++i) {
+    INFO("factory " << i << " (DataCall::Op " << static_cast<int>(made_and_meant[i].second.op)
+                    << ")");
+    CHECK(fields(made_and_meant[i].first) == fields(made_and_meant[i].second));
+  }
+  // control() marks the library's own messages and changes nothing else.
+  const DataCall plain = allreduce_call(MPI_IN_PLACE, r, 3, MPI_INT, MPI_MAX, w);
+  DataCall marked = td::detail::control(plain);
+  CHECK(marked.control);
+  CHECK_FALSE(plain.control);
+  marked.control = false;
+  CHECK(fields(marked) == fields(plain));
 }
