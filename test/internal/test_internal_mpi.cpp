@@ -1,0 +1,202 @@
+// White-box tests of the runtime and the executor that need MPI: the executor's tasks (post,
+// Step, post_into, post_and_wait) on real requests, the received-count check of a receive that
+// got less than it posted, and deadlines that expire on a posted receive nobody matches.
+//
+// Linked with the library's objects and the MPI test main (test/main.cpp with TD_TEST_MPI,
+// CMakeLists.txt), not with libtensordict.so: init_process_group comes from the same objects as
+// everything tested here, so there is one copy of the runtime's singletons. Registered at 1, 2
+// and 3 ranks: every transfer is a ring (rank r sends to r + 1), which at 1 rank is a rank
+// talking to itself.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <mpi.h>
+
+#include <tensordict/tensordict.hpp>
+
+#include "../support/groups.hpp"
+#include "comm/executor.hpp"
+#include "runtime/runtime.hpp"
+
+using namespace std::chrono_literals;
+using td::detail::recv_call;
+using td::detail::send_call;
+
+namespace {
+
+// Sanitized builds run several times slower: the upper bounds on a timeout's lateness scale.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr int kSlow = 4;
+#else
+constexpr int kSlow = 1;
+#endif
+
+// A tag no rank ever sends with, until the test completes the abandoned receive itself.
+constexpr int kUnmatchedTag = 4242;
+
+struct Ring {
+  int rank = td::get_rank();
+  int size = td::get_world_size();
+  int next = (rank + 1) % size;
+  int prev = (rank + size - 1) % size;
+};
+
+std::vector<int> values_of(int rank, std::size_t n) {
+  std::vector<int> v(n);
+  std::iota(v.begin(), v.end(), 100 * rank);
+  return v;
+}
+
+// Completes a receive from this rank with kUnmatchedTag that a test abandoned after its timeout
+// (its buffer leaked, as the library does), so that nothing is pending at MPI_Finalize.
+void complete_abandoned_receive(MPI_Comm comm, int count) {
+  std::vector<int> payload(static_cast<std::size_t>(count), 0);
+  MPI_Request req = MPI_REQUEST_NULL;
+  MPI_Isend(payload.data(), count, MPI_INT, td::get_rank(), kUnmatchedTag, comm, &req);
+  MPI_Wait(&req, MPI_STATUS_IGNORE);
+}
+
+}  // namespace
+
+TEST_CASE("Step: a receive that got fewer elements than it posted is rejected, naming both counts",
+          "[executor][step]") {
+  const Ring ring;
+  const td::ProcessGroup group = fresh_group();
+  const MPI_Comm comm = group.comm();
+  const std::vector<int> mine = values_of(ring.rank, 3);
+
+  // The control: matching counts arrive whole.
+  {
+    auto got = std::make_shared<std::vector<int>>(3, -1);
+    td::detail::Step step(
+        td::detail::deadline_after(30s), [] { return std::string("ring"); }, got, "test ring");
+    step.post(recv_call(got->data(), 3, MPI_INT, ring.prev, 5, comm), "payload");
+    step.post(send_call(mine.data(), 3, MPI_INT, ring.next, 5, comm));
+    step.wait();
+    CHECK(*got == values_of(ring.prev, 3));
+  }
+  // A receive posted for 5 elements that gets 3: MPI accepts it silently; the Step does not.
+  auto got = std::make_shared<std::vector<int>>(5, -1);
+  td::detail::Step step(
+      td::detail::deadline_after(30s), [] { return std::string("ring"); }, got,
+      "TensorDict.recv (test)");
+  step.post(recv_call(got->data(), 5, MPI_INT, ring.prev, 6, comm), "payload");
+  step.post(send_call(mine.data(), 3, MPI_INT, ring.next, 6, comm));
+  try {
+    step.wait();
+    FAIL("a short message was accepted");
+  } catch (const td::Error& e) {
+    const std::string counts =
+        "rank " + std::to_string(ring.prev) + " sent 3 of the 5 elements of 4 bytes of its payload";
+    CHECK_THAT(e.what(), Catch::Contains("TensorDict.recv (test)") && Catch::Contains(counts) &&
+                             Catch::Contains("short message"));
+  }
+  // Every request was waited for before the counts were judged: the message arrived.
+  CHECK(std::vector<int>(got->begin(), got->begin() + 3) == values_of(ring.prev, 3));
+}
+
+TEST_CASE(
+    "post_into: a pending operation whose receive got fewer elements fails naming both "
+    "counts, without running finish",
+    "[executor][work]") {
+  const Ring ring;
+  const td::ProcessGroup group = fresh_group();
+  const MPI_Comm comm = group.comm();
+  const std::vector<int> mine = values_of(ring.rank, 2);
+  auto got = std::make_shared<std::vector<int>>(4, -1);
+  td::detail::WorkState w;
+  w.what = "TensorDict.irecv (test)";
+  w.deadline = td::detail::deadline_after(30s);
+  w.held.push_back(got);
+  bool finished = false;
+  w.finish = [&] { finished = true; };
+  td::detail::post_into(w, recv_call(got->data(), 4, MPI_INT, ring.prev, 8, comm), "values");
+  td::detail::post_into(w, send_call(mine.data(), 2, MPI_INT, ring.next, 8, comm));
+  REQUIRE(w.receive_checks.size() == 1);  // the receive, not the send
+  CHECK_THROWS_WITH(w.wait(), Catch::Contains("TensorDict.irecv (test)") &&
+                                  Catch::Contains("sent 2 of the 4 elements") &&
+                                  Catch::Contains("of its values"));
+  CHECK(w.settled());
+  CHECK_FALSE(finished);
+}
+
+TEST_CASE("Step: a receive nobody matches ends in td::TimeoutError at its deadline, not a hang",
+          "[executor][step][deadline]") {
+  const td::ProcessGroup group = fresh_group();
+  const MPI_Comm comm = group.comm();
+  auto hold = std::make_shared<std::vector<int>>(4, -1);
+  const std::weak_ptr<std::vector<int>> watch = hold;
+  const auto start = std::chrono::steady_clock::now();
+  {
+    td::detail::Step step(
+        td::detail::deadline_after(300ms),
+        [] { return std::string("the unmatched receive (test)"); }, hold, "test");
+    step.post(recv_call(hold->data(), 4, MPI_INT, td::get_rank(), kUnmatchedTag, comm), "data");
+    CHECK_THROWS_WITH(step.wait(), Catch::Contains("the unmatched receive (test)") &&
+                                       Catch::Contains("no longer usable"));
+  }
+  const auto waited = std::chrono::steady_clock::now() - start;
+  CHECK(waited >= 300ms);
+  CHECK(waited < 10s * kSlow);
+  // The receive may still write into its buffer: the Step kept it alive for good.
+  hold.reset();
+  CHECK_FALSE(watch.expired());
+  complete_abandoned_receive(comm, 4);
+}
+
+TEST_CASE("WorkState: a posted receive nobody matches ends in td::TimeoutError at its deadline",
+          "[executor][work][deadline]") {
+  const td::ProcessGroup group = fresh_group();
+  const MPI_Comm comm = group.comm();
+  {
+    auto buffer = std::make_shared<std::vector<int>>(2, -1);
+    td::detail::WorkState w;
+    w.describe = [] { return std::string("the unmatched async receive (test)"); };
+    w.held.push_back(buffer);
+    td::detail::post_into(
+        w, recv_call(buffer->data(), 2, MPI_INT, td::get_rank(), kUnmatchedTag, comm));
+    const auto start = std::chrono::steady_clock::now();
+    w.deadline = td::detail::deadline_after(300ms);
+    try {
+      w.wait();
+      FAIL("wait() returned on a receive nobody matched");
+    } catch (const td::TimeoutError& e) {
+      CHECK_THAT(e.what(), Catch::Contains("the unmatched async receive (test)") &&
+                               Catch::Contains("did not complete before its timeout"));
+    }
+    const auto waited = std::chrono::steady_clock::now() - start;
+    CHECK(waited >= 300ms);
+    CHECK(waited < 10s * kSlow);
+    CHECK(w.timed_out());
+    CHECK_FALSE(w.test());  // timed out: never tested again
+  }
+  complete_abandoned_receive(comm, 2);
+}
+
+TEST_CASE("post_and_wait and post: collectives posted through the executor complete",
+          "[executor]") {
+  const Ring ring;
+  const td::ProcessGroup group = fresh_group();
+  const MPI_Comm comm = group.comm();
+  const auto describe = [] { return std::string("post_and_wait (test)"); };
+  std::vector<int> v(5, ring.rank + 1);
+  td::detail::post_and_wait(
+      td::detail::allreduce_call(MPI_IN_PLACE, v.data(), 5, MPI_INT, MPI_SUM, comm),
+      td::detail::deadline_after(30s), describe, nullptr);
+  CHECK(v == std::vector<int>(5, ring.size * (ring.size + 1) / 2));
+  std::vector<int> b = values_of(ring.rank, 4);
+  td::detail::post_and_wait(td::detail::bcast_call(b.data(), 4, MPI_INT, ring.size - 1, comm),
+                            td::detail::deadline_after(30s), describe, nullptr);
+  CHECK(b == values_of(ring.size - 1, 4));
+  // The blocking form (no request): the sync path's.
+  int most = ring.rank;
+  td::detail::post(td::detail::allreduce_call(MPI_IN_PLACE, &most, 1, MPI_INT, MPI_MAX, comm),
+                   nullptr);
+  CHECK(most == ring.size - 1);
+  CHECK_NOTHROW(td::detail::post(td::detail::barrier_call(comm), nullptr));
+}
