@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -137,12 +138,9 @@ void split_by_node(GroupState& g) {
   n.largest = *std::max_element(per_node.begin(), per_node.end());
 }
 
-// Whether MPI is Open MPI before version 5 (its TCP transport is what stalls below).
-bool open_mpi_before_5() {
-  std::array<char, MPI_MAX_LIBRARY_VERSION_STRING> text{};
-  int len = 0;
-  MPI_Get_library_version(text.data(), &len);
-  const std::string_view v(text.data(), static_cast<std::size_t>(len));
+// Whether `version` (MPI_Get_library_version's text) is Open MPI before version 5 (its TCP
+// transport is what stalls below).
+bool open_mpi_before_5(std::string_view v) {
   constexpr std::string_view kPrefix = "Open MPI v";
   if (!v.starts_with(kPrefix) || v.size() <= kPrefix.size()) return false;
   const char major = v[kPrefix.size()];
@@ -150,18 +148,41 @@ bool open_mpi_before_5() {
          (v.size() == kPrefix.size() + 1 || v[kPrefix.size() + 1] == '.');
 }
 
-// The progress thread's default when TD_PROGRESS_THREAD does not say: off when the job spans
-// several hosts under Open MPI 4. Its TCP transport stalls nonblocking collectives that two
-// threads of a process drive at once, across hosts and under load: one rank's part of a
-// collective never completes while the others' did (reproduced without this library by
-// test/cluster/ompi_two_threads.cpp; docs/cluster.md). Within one host (shared memory) it was
-// never seen. Said once per job.
+std::string mpi_library_version() {
+  std::array<char, MPI_MAX_LIBRARY_VERSION_STRING> text{};
+  int len = 0;
+  MPI_Get_library_version(text.data(), &len);
+  return std::string(text.data(), static_cast<std::size_t>(len));
+}
+
+}  // namespace
+
+// Whether the progress thread runs by default (a pure function, tested white-box in
+// test/internal): TD_PROGRESS_THREAD (`setting`) decides when set; otherwise on, except when the
+// job spans several hosts (fewer ranks on this host than in the world) under Open MPI before 5
+// (`library_version`: MPI_Get_library_version's text).
+// Its TCP transport stalls nonblocking collectives that two threads of a process drive at once,
+// across hosts and under load: one rank's part of a collective never completes while the
+// others' did (reproduced without this library by test/cluster/ompi_two_threads.cpp;
+// docs/cluster.md). Within one host (shared memory) it was never seen.
+bool progress_thread_on(int world_size, int ranks_on_host, std::string_view library_version,
+                        std::optional<bool> setting) {
+  if (setting) return *setting;
+  const bool several_hosts = ranks_on_host < world_size;
+  return !several_hosts || !open_mpi_before_5(library_version);
+}
+
+namespace {
+
+// The progress thread's default when TD_PROGRESS_THREAD does not say (progress_thread_on). Said
+// once per job.
 void choose_progress_thread(int world_rank, int world_size) {
   if (world_size < 2) return;
   // Collective: every rank asks, whatever its own TD_PROGRESS_THREAD says.
   // The real hosts, whatever TD_TEST_RANKS_PER_NODE simulates.
-  const bool several_hosts = ranks_on_this_host(MPI_COMM_WORLD) < world_size;
-  if (config().progress_thread || !several_hosts || !open_mpi_before_5()) return;
+  const int on_this_host = ranks_on_this_host(MPI_COMM_WORLD);
+  if (config().progress_thread) return;  // the setting decides (async_progress_enabled reads it)
+  if (progress_thread_on(world_size, on_this_host, mpi_library_version(), std::nullopt)) return;
   if (!progress_thread_default(false)) return;  // td::set_async_progress() said before init
   log_info_once(world_rank, [] {
     return std::string(

@@ -1,6 +1,7 @@
 // White-box tests of the runtime and the executor that need MPI: the executor's tasks (post,
 // Step, post_into, post_and_wait) on real requests, the received-count check of a receive that
-// got less than it posted, and deadlines that expire on a posted receive nobody matches.
+// got less than it posted, deadlines that expire on a posted receive nobody matches, and the
+// progress thread's default for this job (runtime/process_group.cpp's progress_thread_on).
 //
 // Linked with the library's objects and the MPI test main (test/main.cpp with TD_TEST_MPI,
 // CMakeLists.txt), not with libtensordict.so: init_process_group comes from the same objects as
@@ -12,6 +13,7 @@
 #include <chrono>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +23,8 @@
 
 #include "../support/groups.hpp"
 #include "comm/executor.hpp"
+#include "core/config.hpp"
+#include "declarations.hpp"
 #include "runtime/runtime.hpp"
 
 using namespace std::chrono_literals;
@@ -199,4 +203,21 @@ TEST_CASE("post_and_wait and post: collectives posted through the executor compl
                    nullptr);
   CHECK(most == ring.size - 1);
   CHECK_NOTHROW(td::detail::post(td::detail::barrier_call(comm), nullptr));
+}
+
+// The observable default against the one decision (test_internal_runtime tests the decision's
+// every case). Runs on one host in `make test` (on), under TD_PROGRESS_THREAD=0 (off), and across
+// hosts in the cluster suite (off under Open MPI 4).
+TEST_CASE("the progress thread's default is progress_thread_on's for this job", "[progress]") {
+  const int on_this_host = td::detail::ranks_on_this_host(MPI_COMM_WORLD);  // collective
+  std::string version(MPI_MAX_LIBRARY_VERSION_STRING, '\0');
+  int len = 0;
+  MPI_Get_library_version(version.data(), &len);
+  version.resize(static_cast<std::size_t>(len));
+  const std::optional<bool> setting = td::detail::config().progress_thread;
+  INFO(version << "; " << on_this_host << " of " << td::get_world_size()
+               << " ranks on this host; TD_PROGRESS_THREAD "
+               << (setting ? (*setting ? "1" : "0") : "unset"));
+  CHECK(td::async_progress_enabled() ==
+        td::detail::progress_thread_on(td::get_world_size(), on_this_host, version, setting));
 }

@@ -1,8 +1,9 @@
 // White-box tests of the runtime's parts that the library does not export: the tag space of a
 // group (runtime/tags.hpp), deadlines (runtime/watchdog.cpp), a pending operation's phases
-// without requests (runtime/work.cpp), the progress thread's default (runtime/progress.cpp) and
-// AVG's division (runtime/mpi_types.cpp). Linked with the library's objects, without MPI_Init:
-// nothing here calls MPI (a WorkState without requests makes no MPI call).
+// without requests (runtime/work.cpp), the progress thread's default (runtime/progress.cpp,
+// runtime/process_group.cpp) and AVG's division (runtime/mpi_types.cpp). Linked with the
+// library's objects, without MPI_Init: nothing here calls MPI (a WorkState without requests makes
+// no MPI call). test/internal/test_internal_mpi.cpp has the runtime's tests that need MPI.
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -14,6 +15,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -21,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "declarations.hpp"
 #include "runtime/runtime.hpp"
 #include "runtime/tags.hpp"
 #include "tensordict/collectives.hpp"
@@ -380,4 +383,38 @@ TEST_CASE("progress_thread_default decides only what nothing decided before",
   CHECK_FALSE(td::detail::progress_thread_default(false));  // ...and a later default does not
   td::set_async_progress(false);
   CHECK_FALSE(td::async_progress_enabled());
+}
+
+TEST_CASE("progress_thread_on: off only across hosts under Open MPI before 5; the setting wins",
+          "[runtime][progress]") {
+  using td::detail::progress_thread_on;
+  const std::string v41 =
+      "Open MPI v4.1.4, package: Debian OpenMPI, ident: 4.1.4, repo rev: v4.1.4";
+  const std::string v3 = "Open MPI v3.1.6, package: Open MPI, ident: 3.1.6";
+  const std::string v5 = "Open MPI v5.0.3, package: Open MPI, ident: 5.0.3";
+  const std::string v10 = "Open MPI v10.0.0, package: Open MPI";  // not "v1."
+  const std::string mpich = "MPICH Version:\t4.0\nMPICH Release date: Fri Jan 21 10:42:29 CST 2022";
+  // One host (every rank here), or one rank: on, whatever the library.
+  for (const std::string& v : {v41, v3, v5, mpich}) {
+    CHECK(progress_thread_on(4, 4, v, std::nullopt));
+    CHECK(progress_thread_on(1, 1, v, std::nullopt));
+  }
+  // Several hosts: off under Open MPI 1-4, on under 5 and later and other libraries.
+  CHECK_FALSE(progress_thread_on(4, 2, v41, std::nullopt));
+  CHECK_FALSE(progress_thread_on(3, 1, v41, std::nullopt));
+  CHECK_FALSE(progress_thread_on(4, 2, v3, std::nullopt));
+  CHECK_FALSE(progress_thread_on(2, 1, "Open MPI v4", std::nullopt));
+  CHECK(progress_thread_on(4, 2, v5, std::nullopt));
+  CHECK(progress_thread_on(4, 2, v10, std::nullopt));
+  CHECK(progress_thread_on(4, 2, mpich, std::nullopt));
+  CHECK(progress_thread_on(4, 2, "", std::nullopt));
+  CHECK(progress_thread_on(4, 2, "Open MPI v", std::nullopt));
+  // TD_PROGRESS_THREAD decides either way, on one host or several.
+  for (const std::string& v : {v41, v5}) {
+    CHECK(progress_thread_on(4, 2, v, true));
+    CHECK_FALSE(progress_thread_on(4, 2, v, false));
+    CHECK(progress_thread_on(4, 4, v, true));
+    CHECK_FALSE(progress_thread_on(4, 4, v, false));
+    CHECK_FALSE(progress_thread_on(1, 1, v, false));
+  }
 }
