@@ -53,7 +53,7 @@ Tensor make_leaf(const Spec& s, int who) {
     if constexpr (std::is_arithmetic_v<T>) {
       std::vector<T> v(static_cast<std::size_t>(t.numel()));
       for (std::size_t i = 0; i < v.size(); ++i)
-        v[i] = static_cast<T>(value(who, s.id, static_cast<std::int64_t>(i)));
+        v[i] = static_cast<T>(distinct_value(who, static_cast<std::int64_t>(i), s.id));
       t.copy_(Tensor::from_vector<T>(v, s.shape));
     }
     return t;
@@ -82,7 +82,8 @@ bool is_dict_of(const TensorDict& d, int who, bool floats_only = false) {
   if (d.canonical_leaves().size() != ss.size()) return false;
   if (d.batch_size() != td::Shape{kRows}) return false;
   for (const auto& s : ss)
-    if (!holds(d, s, s.shape, [&](std::int64_t i) { return value(who, s.id, i); })) return false;
+    if (!holds(d, s, s.shape, [&](std::int64_t i) { return distinct_value(who, i, s.id); }))
+      return false;
   return true;
 }
 
@@ -157,7 +158,7 @@ TEST_CASE("scatter sends parts[r] to rank r", "[exchange]") {
       td::wait_all(works);
       CHECK(is_dict_of(mine, rank + 10));
       CHECK(view.shares_storage_with(mine.get({"nested", "deep", "t"})));
-      CHECK(view.to_vector<double>()[1] == value(rank + 10, 2, 1));
+      CHECK(view.to_vector<double>()[1] == distinct_value(rank + 10, 1, 2));
     }
   }
 }
@@ -182,10 +183,7 @@ TEST_CASE("reduce_scatter returns this rank's shard of the reduction", "[exchang
         const std::int64_t per_row = shape.size() > 1 ? shape[1] : 1;
         const bool ok = holds(shard, s, shape, [&](std::int64_t i) {
           const std::int64_t j = rank * rows * per_row + i;  // position in the full leaf
-          double acc = op == ReduceOp::MAX ? value(size - 1, s.id, j) : 0.0;
-          if (op != ReduceOp::MAX)
-            for (int r = 0; r < size; ++r) acc += value(r, s.id, j);
-          return op == ReduceOp::AVG ? acc / size : acc;
+          return distinct_expected(op, size, j, s.id);
         });
         CHECK(ok);
       }
@@ -531,7 +529,8 @@ TEST_CASE("all_gather and gather into a list, and all_gather_stacked, sync and a
       shape.insert(shape.begin(), size);
       const std::int64_t per_rank = td::Tensor::empty(sp.shape, sp.dtype).numel();
       CHECK(holds(stacked, sp, shape, [&](std::int64_t i) {
-        return per_rank == 0 ? 0.0 : value(static_cast<int>(i / per_rank), sp.id, i % per_rank);
+        return per_rank == 0 ? 0.0
+                             : distinct_value(static_cast<int>(i / per_rank), i % per_rank, sp.id);
       }));
     }
     // The same as stacking the list locally.

@@ -56,7 +56,7 @@ Tensor filled(const td::Shape& shape, int who, int id) {
   for (const std::int64_t s : shape) n *= s;
   std::vector<T> v(static_cast<std::size_t>(n));
   for (std::size_t i = 0; i < v.size(); ++i)
-    v[i] = static_cast<T>(value(who, id, static_cast<std::int64_t>(i)));
+    v[i] = static_cast<T>(distinct_value(who, static_cast<std::int64_t>(i), id));
   return Tensor::from_vector<T>(v, shape);
 }
 
@@ -101,15 +101,7 @@ bool fields_hold(const Batch& b, F&& f, std::int64_t rows = kRows) {
 
 bool is_batch_of(const Batch& b, int who) {
   return b.batch_size() == td::Shape{kRows} &&
-         fields_hold(b, [&](int id, std::int64_t i) { return value(who, id, i); });
-}
-
-// The reduction of element i of field `id` over ranks 0..size-1 (SUM, MAX or AVG).
-double reduced(ReduceOp op, int size, int id, std::int64_t i) {
-  if (op == ReduceOp::MAX) return value(size - 1, id, i);
-  double acc = 0;
-  for (int r = 0; r < size; ++r) acc += value(r, id, i);
-  return op == ReduceOp::AVG ? acc / size : acc;
+         fields_hold(b, [&](int id, std::int64_t i) { return distinct_value(who, i, id); });
 }
 
 const Variant kVariants[] = {{false, std::nullopt}, {false, 64}, {false, td::kAutoBucketBytes},
@@ -134,10 +126,11 @@ TEST_CASE("all_reduce updates the fields in place", "[tensorclass]") {
       std::vector<td::Work> works = b.all_reduce(op, options(v));
       if (!v.async_op) CHECK(works.empty());
       td::wait_all(works);
-      CHECK(fields_hold(b, [&](int id, std::int64_t i) { return reduced(op, size, id, i); }));
+      CHECK(fields_hold(
+          b, [&](int id, std::int64_t i) { return distinct_expected(op, size, i, id); }));
       CHECK(b.obs.joints.shares_storage_with(joints));
       CHECK_FALSE(b.obs.joints.is_contiguous());
-      CHECK(joints.to_vector<double>()[1] == reduced(op, size, 1, 1));
+      CHECK(joints.to_vector<double>()[1] == distinct_expected(op, size, 1, 1));
       CHECK(b.batch_size() == td::Shape{kRows});
     }
   }
@@ -168,8 +161,9 @@ TEST_CASE("reduce reaches dst", "[tensorclass]") {
       auto works = b.reduce(dst, ReduceOp::SUM, options(v));
       td::wait_all(works);
       if (rank == dst)
-        CHECK(fields_hold(
-            b, [&](int id, std::int64_t i) { return reduced(ReduceOp::SUM, size, id, i); }));
+        CHECK(fields_hold(b, [&](int id, std::int64_t i) {
+          return distinct_expected(ReduceOp::SUM, size, i, id);
+        }));
     }
   }
 }
@@ -232,7 +226,7 @@ TEST_CASE("scatter sends parts[r] into rank r's fields", "[tensorclass]") {
       td::wait_all(works);
       CHECK(is_batch_of(mine, rank + 10));
       CHECK(mine.obs.joints.shares_storage_with(joints));
-      CHECK(joints.to_vector<double>()[1] == value(rank + 10, 1, 1));
+      CHECK(joints.to_vector<double>()[1] == distinct_value(rank + 10, 1, 1));
     }
   }
 }
@@ -253,7 +247,7 @@ TEST_CASE("reduce_scatter returns this rank's shard as a struct", "[tensorclass]
             const FieldSpec& s = field_specs()[static_cast<std::size_t>(id)];
             std::int64_t per_row = 1;  // elements in one row of the full field
             for (std::size_t k = 1; k < s.shape.size(); ++k) per_row *= s.shape[k];
-            return reduced(op, size, id, rank * rows * per_row + i);
+            return distinct_expected(op, size, rank * rows * per_row + i, id);
           },
           rows));
       CHECK(is_batch_of(b, rank));  // the input is left alone
@@ -312,9 +306,7 @@ TEST_CASE("collectives in a group that leaves ranks out", "[tensorclass][group]"
       auto works = b.all_reduce(ReduceOp::AVG, opts);
       td::wait_all(works);
       CHECK(fields_hold(b, [&](int id, std::int64_t i) {
-        double acc = 0;
-        for (int r : evens) acc += value(r, id, i);
-        return acc / n;
+        return distinct_expected(ReduceOp::AVG, size, i, id, [](int r) { return r % 2 == 0; });
       }));
 
       Batch r = make_batch(rank);
@@ -390,7 +382,7 @@ TEST_CASE("a sparse field follows the collective's result", "[tensorclass][spars
     for (int r = 0; r < size; ++r) expected[static_cast<std::size_t>(r % kRows)] += r + 1.0;
     CHECK(b.rewards.to_vector<double>() == expected);
     CHECK(holds(b.actions, {kRows, 2},
-                [&](std::int64_t i) { return reduced(ReduceOp::SUM, size, 2, i); }));
+                [&](std::int64_t i) { return distinct_expected(ReduceOp::SUM, size, i, 2); }));
   }
 }
 
@@ -498,7 +490,7 @@ TEST_CASE("uneven reduce_scatter returns this rank's rows as a struct", "[tensor
             const FieldSpec& s = field_specs()[static_cast<std::size_t>(id)];
             std::int64_t per_row = 1;
             for (std::size_t k = 1; k < s.shape.size(); ++k) per_row *= s.shape[k];
-            return reduced(op, size, id, first_row * per_row + i);
+            return distinct_expected(op, size, first_row * per_row + i, id);
           },
           rows));
       CHECK(is_batch_of(b, rank));
@@ -528,8 +520,8 @@ Pair make_pair(int who) {
 bool is_pair_of(const Pair& p, int who) {
   const std::int64_t rows = who + 1;
   return p.batch_size() == td::Shape{rows} &&
-         holds(p.x, {rows, 2}, [&](std::int64_t i) { return value(who, 0, i); }) &&
-         holds(p.y, {rows}, [&](std::int64_t i) { return value(who, 1, i); });
+         holds(p.x, {rows, 2}, [&](std::int64_t i) { return distinct_value(who, i, 0); }) &&
+         holds(p.y, {rows}, [&](std::int64_t i) { return distinct_value(who, i, 1); });
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // What the tests of the gather, scatter and reduce_scatter collectives share (test_mpi_exchange
-// on dicts, test_mpi_tensorclass on structs): the rows of every input, the value of each element
-// of each rank's input, the element check, and the ways a collective is called.
+// on dicts, test_mpi_tensorclass on structs): the rows of every input, the element check, and the
+// ways a collective is called. Each element's value and their reductions are the oracle's
+// (reference.hpp: distinct_value, distinct_expected).
 #pragma once
 
 #include <cstddef>
@@ -11,16 +12,12 @@
 
 #include <tensordict/tensordict.hpp>
 
+#include "reference.hpp"
+
 namespace tdtest {
 
 /// The first dimension of every leaf (the batch size): divisible by every group size from 1 to 4.
 inline constexpr std::int64_t kRows = 12;
-
-/// Element i (row-major) of leaf `id` of "rank" `who`'s input: small integers, exact in every
-/// dtype used, so sums and averages compare exactly.
-inline double value(int who, int id, std::int64_t i) {
-  return who * 1000.0 + id * 100.0 + static_cast<double>(i);
-}
 
 /// Whether `t` has `shape` and holds f(i) at every logical position i.
 template <class F>

@@ -1,12 +1,18 @@
 // The test oracle: what rank r holds, what a reduction over the ranks must give, and how close a
 // result must come to it. Shared by the MPI tests and the benchmarks' correctness guard
 // (bench/support/guard.cpp), so both mean the same by "the right result".
+//
+// Two input patterns, one reduction: value<T> (small integers, exact under every op in every
+// dtype: the reductions' tests) and distinct_value (every element of every rank its own value:
+// the tests of what moves where, gathers, scatters and transfers); reduce_over combines either
+// over the ranks, as the library defines each op.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <complex>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <string>
@@ -105,21 +111,82 @@ T combine(td::ReduceOp op, T a, T b) {
   }
 }
 
-/// The reduction of element i over ranks 0..size-1 (AVG divided like the library does).
+/// `sum` divided by n as the library's AVG divides (dtypes without AVG, the integers: unchanged).
+template <class T>
+T average(T sum, int n) {
+  if constexpr (is_half_v<T>) {
+    return T(static_cast<float>(sum) / static_cast<float>(n));
+  } else if constexpr (is_complex_v<T>) {
+    return sum / static_cast<typename T::value_type>(n);
+  } else if constexpr (std::is_floating_point_v<T>) {
+    return sum / static_cast<T>(n);
+  } else {
+    return sum;
+  }
+}
+
+/// Every rank takes part (reduce_over's default).
+inline constexpr auto all_take_part = [](int) { return true; };
+
+/// The reduction by `op` of input(r) over the ranks r in 0..size-1 for which takes_part(r), in
+/// rank order, as combine<T> defines each op; AVG divides the sum by `avg_divisor`, or by the
+/// number of ranks that took part when it is 0 (a group of those ranks). A rank that does not
+/// take part contributes nothing, as a joined rank's zeros add nothing to a SUM (and count in
+/// AVG's divisor: pass the group size); none taking part gives T{}.
+template <class T, class Input, class TakesPart = decltype(all_take_part)>
+T reduce_over(td::ReduceOp op, int size, const Input& input,
+              const TakesPart& takes_part = all_take_part, int avg_divisor = 0) {
+  T acc{};
+  int taking_part = 0;
+  for (int r = 0; r < size; ++r) {
+    if (!takes_part(r)) continue;
+    const T x = static_cast<T>(input(r));
+    acc = taking_part++ == 0 ? x : combine<T>(op, acc, x);
+  }
+  if (op != td::ReduceOp::AVG || taking_part == 0) return acc;
+  return average<T>(acc, avg_divisor != 0 ? avg_divisor : taking_part);
+}
+
+/// The reduction of element i of leaf `leaf` over ranks 0..size-1.
 template <class T>
 T expected(td::ReduceOp op, int size, std::int64_t i, std::int64_t leaf = 0) {
-  T acc = value<T>(op, 0, i, leaf);
-  for (int r = 1; r < size; ++r) acc = combine<T>(op, acc, value<T>(op, r, i, leaf));
-  if (op == td::ReduceOp::AVG) {
-    if constexpr (is_half_v<T>) {
-      acc = T(static_cast<float>(acc) / static_cast<float>(size));
-    } else if constexpr (is_complex_v<T>) {
-      acc /= static_cast<typename T::value_type>(size);
-    } else if constexpr (std::is_floating_point_v<T>) {
-      acc /= static_cast<T>(size);
-    }
-  }
-  return acc;
+  return reduce_over<T>(op, size, [&](int r) { return value<T>(op, r, i, leaf); });
+}
+
+/// Element i of leaf `leaf` of rank r's input where every element of every rank must differ, so
+/// that an element in the wrong place or from the wrong rank shows: gathers, scatters and
+/// transfers (value<T> repeats every 11 ranks and elements, and the scatter tests' parts come
+/// from "ranks" r + 10 and r + 20). Integers, exact in every dtype of 32 bits or more, as are
+/// their sums, averages, minima and maxima over a few ranks (reduce_over<double>), not their
+/// products. Negative ranks give a placeholder that no rank's input equals.
+inline double distinct_value(int rank, std::int64_t i, std::int64_t leaf = 0) {
+  return rank * 1000.0 + static_cast<double>(leaf) * 100.0 + static_cast<double>(i);
+}
+
+/// The reduction of element i of leaf `leaf` of distinct_value over ranks 0..size-1 for which
+/// takes_part(r) (SUM, AVG, MIN, MAX; AVG divided by the ranks that take part).
+template <class TakesPart = decltype(all_take_part)>
+double distinct_expected(td::ReduceOp op, int size, std::int64_t i, std::int64_t leaf,
+                         const TakesPart& takes_part = all_take_part) {
+  return reduce_over<double>(
+      op, size, [&](int r) { return distinct_value(r, i, leaf); }, takes_part);
+}
+
+/// The element-wise reduction of whole tensors over ranks 0..size-1: input(r) is rank r's tensor
+/// (one shape and dtype on every rank, any strides); the result is contiguous.
+inline td::Tensor reduce_tensors(td::ReduceOp op, int size,
+                                 const std::function<td::Tensor(int)>& input) {
+  std::vector<td::Tensor> inputs;
+  for (int r = 0; r < size; ++r) inputs.push_back(input(r).contiguous());
+  td::Tensor out = td::Tensor::empty(inputs.at(0).shape(), inputs.at(0).dtype());
+  td::visit(out.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* o = out.data<T>();
+    for (std::int64_t i = 0; i < out.numel(); ++i)
+      o[i] = reduce_over<T>(
+          op, size, [&](int r) { return inputs[static_cast<std::size_t>(r)].data<T>()[i]; });
+  });
+  return out;
 }
 
 /// The real type of T's values (T itself unless complex).
@@ -201,12 +268,13 @@ inline void fill_input(td::Tensor& t, td::ReduceOp op, int rank, std::int64_t le
 }
 
 /// The first logical position i at which t (any strides) does not hold expected<T>(op, size, i,
-/// leaf) within tolerance<T>(op, size); nullopt if there is none.
+/// leaf) within `tol` (by default tolerance<T>(op, size)); nullopt if there is none.
 template <class T>
 std::optional<std::int64_t> first_wrong(const td::Tensor& t, td::ReduceOp op, int size,
-                                        std::int64_t leaf = 0) {
+                                        std::int64_t leaf = 0,
+                                        std::optional<double> tol_override = std::nullopt) {
   const auto v = t.to_vector<T>();
-  const double tol = tolerance<T>(op, size);
+  const double tol = tol_override.value_or(tolerance<T>(op, size));
   for (std::size_t i = 0; i < v.size(); ++i) {
     const auto at = static_cast<std::int64_t>(i);
     if (!matches<T>(v[i], expected<T>(op, size, at, leaf), tol)) return at;
@@ -220,13 +288,15 @@ bool holds_expected(const td::Tensor& t, td::ReduceOp op, int size) {
   return !first_wrong<T>(t, op, size).has_value();
 }
 
-/// "" if t (any dtype) holds the reduction of leaf `leaf` over `size` ranks, else its first wrong
-/// element ("element 7: got 3, expected 4").
+/// "" if t (any dtype) holds the reduction of leaf `leaf` over `size` ranks within `tol` (by
+/// default tolerance<T>(op, size): a test whose result is legitimately less exact, a compressed
+/// one, passes its own), else its first wrong element ("element 7: got 3, expected 4").
 inline std::string reduction_error(const td::Tensor& t, td::ReduceOp op, int size,
-                                   std::int64_t leaf = 0) {
+                                   std::int64_t leaf = 0,
+                                   std::optional<double> tol = std::nullopt) {
   return td::visit(t.dtype(), [&](auto tag) -> std::string {
     using T = typename decltype(tag)::type;
-    const auto i = first_wrong<T>(t, op, size, leaf);
+    const auto i = first_wrong<T>(t, op, size, leaf, tol);
     if (!i) return {};
     auto text = [](std::complex<double> z) {
       return z.imag() == 0 ? fmt::format("{}", z.real())
