@@ -8,10 +8,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <tensordict/tensordict.hpp>
+
+#include "support/reference.hpp"
 
 using td::Compression;
 using td::DType;
@@ -37,51 +41,42 @@ TensorDict make_grads() {
   return g;
 }
 
-// Small integers: exact in float32, float64 and bfloat16, whatever the order of the sum.
-double value(int rank, std::size_t leaf, std::int64_t i, int step) {
-  return static_cast<double>((rank + 1) * (i % 5 + 1) + static_cast<int>(leaf) + step);
-}
+// Leaf l's inputs at step `step`: the oracle's leaf pattern l + 3 * step (reference.hpp: small
+// integers, exact in float32, float64 and the 16-bit floats whatever the order of the sum), so
+// that a step's result differs from the last one's.
+std::int64_t leaf_at(std::size_t l, int step) { return static_cast<std::int64_t>(l) + 3 * step; }
 
 void fill(TensorDict& g, int rank, int step) {
-  for (std::size_t l = 0; l < keys().size(); ++l) {
-    Tensor& t = g.get(keys()[l]);
-    for (std::int64_t i = 0; i < t.numel(); ++i) {
-      if (t.dtype() == DType::Float32) {
-        t.data<float>()[i] = static_cast<float>(value(rank, l, i, step));
-      } else {
-        t.data<double>()[i] = value(rank, l, i, step);
-      }
-    }
-  }
+  for (std::size_t l = 0; l < keys().size(); ++l)
+    tdtest::fill_input(g.get(keys()[l]), ReduceOp::SUM, rank, leaf_at(l, step));
 }
 
-// What leaf l, element i holds after step `step` when the ranks with steps_of(r) > step run it.
+// Checks that every element of `g` holds the reduction of step `step` over the ranks with
+// steps_of(r) > step, the joined ones contributing zeros (AVG divides by the group size), within
+// `tol` (relative to the value's magnitude; by default the oracle's tolerance).
 template <class Steps>
-double expected(std::size_t l, std::int64_t i, int step, ReduceOp op, int size, Steps steps_of) {
-  double sum = 0;
-  for (int r = 0; r < size; ++r)
-    if (steps_of(r) > step) sum += value(r, l, i, step);
-  return op == ReduceOp::AVG ? sum / size : sum;
-}
-
-// Checks every element of `g` against expected(); `tol`: relative to the value's magnitude.
-template <class Steps>
-void check_step(const TensorDict& g, int step, ReduceOp op, int size, Steps steps_of, double tol) {
+void check_step(const TensorDict& g, int step, ReduceOp op, int size, Steps steps_of,
+                std::optional<double> tol = std::nullopt) {
   for (std::size_t l = 0; l < keys().size(); ++l) {
     const Tensor& t = g.get(keys()[l]);
-    std::vector<double> got(static_cast<std::size_t>(t.numel()));
-    if (t.dtype() == DType::Float32) {
-      const auto v = t.to_vector<float>();
-      std::copy(v.begin(), v.end(), got.begin());
-    } else {
-      got = t.to_vector<double>();
-    }
     int bad = 0;
-    for (std::int64_t i = 0; i < t.numel(); ++i) {
-      const double want = expected(l, i, step, op, size, steps_of);
-      if (std::abs(got[static_cast<std::size_t>(i)] - want) > tol * std::max(1.0, std::abs(want)))
-        ++bad;
-    }
+    td::visit(t.dtype(), [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      if constexpr (std::is_floating_point_v<T>) {
+        const std::vector<T> got = t.to_vector<T>();
+        const double within = tol.value_or(tdtest::tolerance<T>(op, size));
+        for (std::size_t i = 0; i < got.size(); ++i) {
+          const auto at = static_cast<std::int64_t>(i);
+          const T want = tdtest::reduce_over<T>(
+              op, size,
+              [&](int r) { return tdtest::value<T>(ReduceOp::SUM, r, at, leaf_at(l, step)); },
+              [&](int r) { return steps_of(r) > step; }, size);
+          if (!tdtest::matches<T>(got[i], want, within)) ++bad;
+        }
+      } else {
+        FAIL("a gradient of dtype " << td::name(t.dtype()));
+      }
+    });
     INFO("leaf " << keys()[l].str() << ", step " << step);
     CHECK(bad == 0);
   }
@@ -90,8 +85,8 @@ void check_step(const TensorDict& g, int step, ReduceOp op, int size, Steps step
 // Runs one epoch: rank r runs steps_of(r) steps, then joins. Checks every step's result, and the
 // joined ranks' leaves after join(): the last step they shadowed.
 template <class Steps>
-void run_epoch(Reducer& reducer, TensorDict& g, ReduceOp op, Steps steps_of, double tol,
-               int step_offset = 0) {
+void run_epoch(Reducer& reducer, TensorDict& g, ReduceOp op, Steps steps_of,
+               std::optional<double> tol, int step_offset = 0) {
   const int rank = td::get_rank(), size = td::get_world_size();
   const int mine = steps_of(rank);
   int most = 0;
@@ -135,10 +130,11 @@ TEST_CASE("join: uneven steps complete with zeros from joined ranks, SUM and AVG
   for (const Scenario& sc : kScenarios) {
     for (ReduceOp op : {ReduceOp::SUM, ReduceOp::AVG}) {
       for (Compression c : {Compression::None, Compression::BF16, Compression::FP16}) {
-        // Uncompressed: float32's rounding of AVG's division. Compressed: the values are exact
-        // 16-bit integers, but AVG divides before the sum, which rounds: within (N + 1) * 2^-8
-        // (BF16) or 2^-11 (FP16) of the mean's magnitude (docs/training.md's bound).
-        double tol = 1e-6;
+        // Uncompressed: the oracle's tolerance (its inputs and their sums are exact). Compressed
+        // (this test's own bound): the values are exact 16-bit integers, but AVG divides before
+        // the sum, which rounds: within (N + 1) * 2^-8 (BF16) or 2^-11 (FP16) of the mean's
+        // magnitude (docs/training.md's bound).
+        std::optional<double> tol;
         if (c != Compression::None && op == ReduceOp::AVG)
           tol = (size + 1) * std::ldexp(1.0, c == Compression::BF16 ? -8 : -11);
         INFO(sc.name << ", " << td::name(op) << ", compression " << td::name(c));
@@ -234,7 +230,6 @@ TEST_CASE("join: misuse is a clear error", "[join][errors]") {
     CHECK(std::string(e.what()).find("inside a step") != std::string::npos);
   }
   CHECK_FALSE(r.in_step());
-  check_step(
-      k, 0, ReduceOp::SUM, td::get_world_size(), [](int) { return 1; }, 0.0);
+  check_step(k, 0, ReduceOp::SUM, td::get_world_size(), [](int) { return 1; });
   r.join();  // and the Reducer is still usable
 }
