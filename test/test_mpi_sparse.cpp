@@ -3,6 +3,8 @@
 
 #include <tensordict/tensordict.hpp>
 
+#include "support/reference.hpp"
+
 using td::DType;
 using td::ReduceOp;
 using td::Tensor;
@@ -31,13 +33,9 @@ Tensor sparse_grad(int rank) {
                             Tensor::from_vector<float>(vals), {10, 3});
 }
 
-Tensor dense_sum(int size) {
-  Tensor acc = Tensor::zeros({10, 3}, DType::Float32);
-  for (int r = 0; r < size; ++r) {
-    Tensor d = sparse_grad(r).to_dense();
-    acc.array<float>() += d.array<float>();
-  }
-  return acc;
+// The reduction over the ranks of their gradients, densified (the oracle's reduce_tensors).
+Tensor dense_reduced(ReduceOp op, int size) {
+  return tdtest::reduce_tensors(op, size, [](int r) { return sparse_grad(r).to_dense(); });
 }
 
 }  // namespace
@@ -57,9 +55,7 @@ TEST_CASE("sparse leaves next to dense ones: all_reduce SUM and AVG, bucketed or
         const Tensor& g = d.get({"emb", "grad"});
         REQUIRE(g.is_sparse());
         CHECK(g.is_coalesced());
-        Tensor expect = dense_sum(size);
-        if (op == ReduceOp::AVG) expect.array<float>() /= static_cast<float>(size);
-        CHECK(g.to_dense().equal(expect));
+        CHECK(g.to_dense().equal(dense_reduced(op, size)));
         CHECK(d.get("w").to_vector<float>() ==
               std::vector<float>(5, op == ReduceOp::AVG ? 2.f : 2.f * static_cast<float>(size)));
       }
@@ -72,7 +68,7 @@ TEST_CASE("sparse reduce to dst and broadcast from src", "[sparse]") {
   const int root = size - 1;
   Tensor t = sparse_grad(rank);
   td::reduce(t, root);
-  if (rank == root) CHECK(t.to_dense().equal(dense_sum(size)));
+  if (rank == root) CHECK(t.to_dense().equal(dense_reduced(ReduceOp::SUM, size)));
   Tensor b = sparse_grad(rank);
   td::broadcast(b, root);
   CHECK(b.to_dense().equal(sparse_grad(root).to_dense()));
