@@ -1,9 +1,12 @@
 # Ranks that differ in one input (issue 16), included from the top-level CMakeLists.txt after
 # TensorDictTesting.
 #
-# test_mpi_divergence.<N>ranks: randomized rounds at 2 and 3 ranks (test/test_mpi_divergence.cpp).
-# Its watchdog ends a hung job after 20 s in one phase; the TIMEOUT is the backstop.
-td_add_mpi_test(NAME test_mpi_divergence SOURCES "${PROJECT_SOURCE_DIR}/test/test_mpi_divergence.cpp"
+# test_mpi_divergence.<N>ranks: randomized rounds at 2 and 3 ranks (test/test_mpi_divergence.cpp,
+# on the harness of test/support/divergence.cpp). Its watchdog ends a hung job after 20 s in one
+# phase; the TIMEOUT is the backstop.
+td_add_mpi_test(NAME test_mpi_divergence
+                SOURCES "${PROJECT_SOURCE_DIR}/test/test_mpi_divergence.cpp"
+                        "${PROJECT_SOURCE_DIR}/test/support/divergence.cpp"
                 RANKS 2 3 TIMEOUT 240)
 
 # test_mpi_divergence.env.<name>: an MPMD launch (Open MPI syntax) in which rank i runs with the
