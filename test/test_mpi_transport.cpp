@@ -5,7 +5,6 @@
 // rows and keys that only some ranks hold.
 #include <catch2/catch.hpp>
 
-#include <array>
 #include <chrono>
 #include <complex>
 #include <cstdint>
@@ -23,6 +22,7 @@
 
 #include <tensordict/tensordict.hpp>
 
+#include "support/agreement_peer.hpp"
 #include "support/names.hpp"
 
 namespace {
@@ -103,12 +103,7 @@ constexpr std::size_t kHeaderWords = 3 + kSizeWords;
 struct RawPeer {
   MPI_Comm comm = td::world().comm();
 
-  void agreement() const {
-    std::array<std::uint64_t, 3> zeros{};
-    MPI_Request req = MPI_REQUEST_NULL;
-    MPI_Iallreduce(MPI_IN_PLACE, zeros.data(), 3, MPI_UINT64_T, MPI_MAX, comm, &req);
-    MPI_Wait(&req, MPI_STATUS_IGNORE);
-  }
+  void agreement() const { tdtest::agree_with_everything(comm); }
   void ibcast(void* p, int n, MPI_Datatype t, int root) const {
     MPI_Request req = MPI_REQUEST_NULL;
     MPI_Ibcast(p, n, t, root, comm, &req);

@@ -3,18 +3,17 @@
 // cannot be interrupted, so the watchdog must print the stalled collective as a timeout and end
 // the job shortly after the call's deadline, instead of leaving rank 0 blocked forever.
 //
-// White-box: rank 1 answers the agreement by hand. The agreement is one MPI_Iallreduce (MAX) of
-// three uint64 on the group's communicator; contributing zeros makes the maximum rank 0's own
-// values, so rank 0 sees agreement and enters MPI_Allreduce with the data.
+// White-box: rank 1 answers the agreement by hand (test/support/agreement_peer.hpp): rank 0 sees
+// agreement and enters MPI_Allreduce with the data.
 #include <mpi.h>
 
-#include <array>
 #include <chrono>
-#include <cstdint>
 #include <cstdio>
 #include <thread>
 
 #include <tensordict/tensordict.hpp>
+
+#include "../support/agreement_peer.hpp"
 
 int main(int argc, char** argv) {
   td::init_process_group(argc, argv);
@@ -24,10 +23,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (rank == 1) {
-    std::array<std::uint64_t, 3> zeros{};
-    MPI_Request req = MPI_REQUEST_NULL;  // nonblocking: it must match rank 0's MPI_Iallreduce
-    MPI_Iallreduce(MPI_IN_PLACE, zeros.data(), 3, MPI_UINT64_T, MPI_MAX, td::world().comm(), &req);
-    MPI_Wait(&req, MPI_STATUS_IGNORE);
+    tdtest::agree_with_everything(td::world().comm());
     std::this_thread::sleep_for(std::chrono::seconds(60));  // ended by rank 0's watchdog
     return 0;
   }
