@@ -1,18 +1,19 @@
-// Checkpoint files without MPI: the safetensors header codec against bytes the reference
-// implementation writes, round trips of every dtype and of the dict's structure, the loader's
-// rejection of corrupted files (each error names the file, the tensor and the problem), atomic
-// saves, and tensordict's memmap layout field by field.
+// Checkpoint files without MPI: files the reference implementation of safetensors writes, round
+// trips of every dtype and of the dict's structure, the loader's rejection of corrupted files
+// (each error names the file, the tensor and the problem), atomic saves, and tensordict's memmap
+// layout field by field.
 //
 // Reference sources read (for the formats; no code copied):
 //   huggingface/safetensors  safetensors/src/tensor.rs  at 24b0b2857fef49be734b9ab72ce97c09bb25f5b9
-//     (the byte vectors below are the expected outputs of its test_serialization and test_empty,
-//     i.e. what its serialize() writes)
+//     (the byte vectors of test/support/safetensors_reference.hpp are the expected outputs of its
+//     test_serialization and test_empty, i.e. what its serialize() writes)
 //   pytorch/tensordict  tensordict/_td.py (_memmap_, _load_memmap), tensordict/_td_memmap.py
 //     (_save_metadata, _update_metadata), tensordict/_utils_key_json.py
 //     (_encode_key_for_filesystem)  at a1a061e3dd4b4c892925525a726a72c9eef9a0cc
 //     (test/data/tensordict_mmap_example is its test/artifacts/mmap_example, written by
 //     TensorDict.memmap)
-// The format code is internal: this test links its objects (td_formats, CMakeLists.txt).
+// The format code's own tests (the header codec, the key encoding) are white-box:
+// test/internal/test_internal_checkpoint_format.cpp.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
@@ -26,7 +27,7 @@
 #include <nlohmann/json.hpp>
 #include <tensordict/tensordict.hpp>
 
-#include "comm/checkpoint_format.hpp"
+#include "support/safetensors_reference.hpp"
 
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
@@ -34,6 +35,9 @@ using td::DType;
 using td::Key;
 using td::Tensor;
 using td::TensorDict;
+using tdtest::kReferenceAttn;
+using tdtest::kReferenceEmptyWithMetadata;
+using tdtest::kReferenceFp4;
 
 namespace {
 
@@ -77,27 +81,6 @@ std::vector<std::uint8_t> file_of(const std::string& header, std::size_t data_by
   std::memcpy(out.data() + 8, header.data(), header.size());
   return out;
 }
-
-// What safetensors' serialize() writes for {"attn.0": F32 [1, 2, 3] = 0..5} (tensor.rs,
-// test_serialization).
-const std::vector<std::uint8_t> kReferenceAttn = {
-    64,  0,   0,   0,   0,   0,  0,  0,  123, 34, 97,  116, 116, 110, 46,  48,  34,  58,  123, 34,
-    100, 116, 121, 112, 101, 34, 58, 34, 70,  51, 50,  34,  44,  34,  115, 104, 97,  112, 101, 34,
-    58,  91,  49,  44,  50,  44, 51, 93, 44,  34, 100, 97,  116, 97,  95,  111, 102, 102, 115, 101,
-    116, 115, 34,  58,  91,  48, 44, 50, 52,  93, 125, 125, 0,   0,   0,   0,   0,   0,   128, 63,
-    0,   0,   0,   64,  0,   0,  64, 64, 0,   0,  128, 64,  0,   0,   160, 64};
-// serialize() of no tensors with metadata {"framework": "pt"} (tensor.rs, test_empty).
-const std::vector<std::uint8_t> kReferenceEmptyWithMetadata = {
-    40,  0,   0,   0,  0,  0,  0,   0,   123, 34,  95,  95,  109, 101, 116, 97,
-    100, 97,  116, 97, 95, 95, 34,  58,  123, 34,  102, 114, 97,  109, 101, 119,
-    111, 114, 107, 34, 58, 34, 112, 116, 34,  125, 125, 32,  32,  32,  32,  32};
-// serialize() of {"attn.0": F4 [1, 2]} (tensor.rs, test_serialization_fp4): a dtype the library
-// lacks.
-const std::vector<std::uint8_t> kReferenceFp4 = {
-    64,  0,   0,   0,   0,   0,   0,  0,  123, 34,  97,  116, 116, 110, 46,  48,  34,  58,  123,
-    34,  100, 116, 121, 112, 101, 34, 58, 34,  70,  52,  34,  44,  34,  115, 104, 97,  112, 101,
-    34,  58,  91,  49,  44,  50,  93, 44, 34,  100, 97,  116, 97,  95,  111, 102, 102, 115, 101,
-    116, 115, 34,  58,  91,  48,  44, 49, 93,  125, 125, 32,  32,  32,  32,  0};
 
 TensorDict every_dtype() {
   TensorDict d;
@@ -160,20 +143,6 @@ TEST_CASE("safetensors: files written by the reference implementation load", "[s
   write_bytes(f, kReferenceFp4);
   CHECK_THROWS_WITH(td::load_safetensors(f), Contains(f.string()) && Contains("'attn.0'") &&
                                                  Contains("F4") && Contains("not supported"));
-}
-
-TEST_CASE("safetensors: the header is encoded as the reference encodes it", "[safetensors]") {
-  const std::vector<td::detail::PlannedTensor> t = {{"attn.0", DType::Float32, {1, 2, 3}}};
-  const auto h = td::detail::encode_safetensors_header(t, {});
-  REQUIRE(h.bytes.size() == 72);
-  CHECK(std::equal(h.bytes.begin(), h.bytes.end(),
-                   reinterpret_cast<const std::byte*>(kReferenceAttn.data())));
-  CHECK(h.data_bytes == 24);
-  // Padded with spaces to a multiple of 8, as the reference pads.
-  const auto e = td::detail::encode_safetensors_header({}, {{"framework", "pt"}});
-  CHECK(std::equal(e.bytes.begin(), e.bytes.end(),
-                   reinterpret_cast<const std::byte*>(kReferenceEmptyWithMetadata.data())));
-  CHECK(e.bytes.size() == kReferenceEmptyWithMetadata.size());
 }
 
 TEST_CASE("safetensors: every dtype round-trips, and the file is a plain safetensors file",
@@ -439,16 +408,6 @@ TEST_CASE("memmap: rejections name the directory, the key and the problem", "[me
   const std::string unknown = R"({"x": {"device": "cpu", "shape": [4], "dtype": "torch.uint16"}})";
   write_bytes(root / "meta.json", {unknown.begin(), unknown.end()});
   CHECK_THROWS_WITH(td::load_memmap(root), Contains("'x'") && Contains("torch.uint16"));
-}
-
-TEST_CASE("memmap: key encoding is tensordict's", "[memmap]") {
-  CHECK(td::detail::memmap_file_name("obs") == "obs");
-  CHECK(td::detail::memmap_file_name("a/b") == "a%2Fb");
-  CHECK(td::detail::memmap_file_name("50%") == "50%25");
-  CHECK(td::detail::memmap_file_name("") == "%");
-  CHECK(td::detail::memmap_file_name("..") == "%2E%2E");
-  CHECK(td::detail::memmap_file_name("x.y") == "x.y");
-  CHECK(td::detail::memmap_file_name(std::string("n\0l", 3)) == "n%00l");
 }
 
 namespace {

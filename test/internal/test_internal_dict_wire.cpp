@@ -1,7 +1,7 @@
 // The transport metadata (src/comm/dict_wire.*) without MPI: encode / decode round trips, the
 // streams a dict packs into and is rebuilt from, and the decoder's rejection of truncated,
-// corrupted and hostile input. The library keeps these functions internal: this test links their
-// objects (td_formats, CMakeLists.txt).
+// corrupted and hostile input. The library keeps these functions internal: a white-box test,
+// linked with the library's objects (test/internal, CMakeLists.txt).
 #include <catch2/catch.hpp>
 
 #include <cstdint>
