@@ -2,7 +2,9 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace td::detail {
@@ -35,6 +37,11 @@ void progress_settle_all(const std::string& why);
 /// is one, the thread polls without sleeping between rounds.
 void progress_waiter(int delta);
 
+/// Whether the progress thread runs by default (defined in process_group.cpp): from the world's
+/// size, the ranks on this host, MPI_Get_library_version's text and TD_PROGRESS_THREAD (off
+/// across hosts under Open MPI before 5, whose TCP path stalls with two threads in MPI).
+bool progress_thread_on(int world_size, int ranks_on_host, std::string_view library_version,
+                        std::optional<bool> setting);
 /// Sets whether async operations get the progress thread, unless TD_PROGRESS_THREAD or
 /// td::set_async_progress() already decided it; true if this call decided it.
 bool progress_thread_default(bool on);

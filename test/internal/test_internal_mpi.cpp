@@ -24,8 +24,11 @@
 #include "../support/groups.hpp"
 #include "comm/executor.hpp"
 #include "core/config.hpp"
-#include "declarations.hpp"
-#include "runtime/runtime.hpp"
+#include "runtime/deadline.hpp"
+#include "runtime/group_state.hpp"
+#include "runtime/mpi_types.hpp"
+#include "runtime/progress.hpp"
+#include "runtime/work_state.hpp"
 
 using namespace std::chrono_literals;
 using td::detail::recv_call;

@@ -23,9 +23,12 @@
 #include <utility>
 #include <vector>
 
-#include "declarations.hpp"
-#include "runtime/runtime.hpp"
+#include "runtime/deadline.hpp"
+#include "runtime/group_state.hpp"
+#include "runtime/mpi_types.hpp"
+#include "runtime/progress.hpp"
 #include "runtime/tags.hpp"
+#include "runtime/work_state.hpp"
 #include "tensordict/collectives.hpp"
 #include "tensordict/errors.hpp"
 #include "tensordict/work.hpp"
