@@ -316,6 +316,23 @@ ReadOn<T> read_on(int root, const CollectiveOptions& opts, const T& value) {
   return {value, rank_in(opts) == root};
 }
 
+// A result of TensorDict's function as the tensorclass returns it.
+template <class D>
+std::vector<Work> as_struct(std::vector<Work>&& works) {
+  return std::move(works);
+}
+template <class D>
+D as_struct(TensorDict&& d) {
+  return D::from_tensordict(d);
+}
+template <class D>
+std::vector<D> as_struct(std::vector<TensorDict>&& dicts) {
+  std::vector<D> out;
+  out.reserve(dicts.size());
+  for (const TensorDict& d : dicts) out.push_back(D::from_tensordict(d));
+  return out;
+}
+
 // How call_with_dicts passes one argument A (as deduced by a forwarding reference: T& for an
 // lvalue, T for an rvalue) to TensorDict's function, and what
 // it writes back when that succeeds. Anything that is not a struct passes through.
@@ -394,30 +411,8 @@ struct DictArg<D, std::vector<D>&> {  // structs the call fills (`out`)
   std::vector<TensorDict> dicts;
   DictArg(std::vector<D>& v, std::exception_ptr&) : out(v) {}
   std::vector<TensorDict>& get() { return dicts; }
-  void write_back() {
-    std::vector<D> structs;
-    structs.reserve(dicts.size());
-    for (const TensorDict& d : dicts) structs.push_back(D::from_tensordict(d));
-    out = std::move(structs);
-  }
+  void write_back() { out = as_struct<D>(std::move(dicts)); }
 };
-
-// A result of TensorDict's function as the tensorclass returns it.
-template <class D>
-std::vector<Work> as_struct(std::vector<Work>&& works) {
-  return std::move(works);
-}
-template <class D>
-D as_struct(TensorDict&& d) {
-  return D::from_tensordict(d);
-}
-template <class D>
-std::vector<D> as_struct(std::vector<TensorDict>&& dicts) {
-  std::vector<D> out;
-  out.reserve(dicts.size());
-  for (const TensorDict& d : dicts) out.push_back(D::from_tensordict(d));
-  return out;
-}
 
 // Calls fn (a TensorDict collective or transport function) with every struct argument passed as
 // its dict, then writes the results back into the structs and returns fn's result as structs.
@@ -619,13 +614,6 @@ class TensorClass {
   Derived with_dict(const TensorDict& d) const {
     Derived out = derived();
     detail::TensorClassAccess::load(out, d, "", Derived::td_tensorclass_name());
-    return out;
-  }
-
-  static std::vector<Derived> from_dicts(const std::vector<TensorDict>& dicts) {
-    std::vector<Derived> out;
-    out.reserve(dicts.size());
-    for (const TensorDict& d : dicts) out.push_back(from_tensordict(d));
     return out;
   }
 
