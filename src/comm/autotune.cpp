@@ -237,21 +237,93 @@ std::vector<std::string> cache_notes(const GroupState& g, const autotune::Choice
           fmt::format("per size, median packed cycle / bare allreduce:{}", ladder_text(ladder))};
 }
 
+// This group's entry of the bucket-size cache on disk.
+struct CacheFile {
+  std::filesystem::path dir;   // empty: no cache directory
+  std::filesystem::path file;  // empty when `dir` is
+  bool use = false;            // a directory, and TD_AUTOTUNE_CACHE on
+};
+
+// Rank 0's cached entry and its TD_AUTOTUNE_REFRESH, broadcast: {cached cap, direct bytes,
+// refresh}, the cap 0 when there is no entry to use. Collective.
+std::array<std::uint64_t, 3> shared_cache_entry(GroupState& g, const CacheFile& cache) {
+  std::array<std::uint64_t, 3> shared{0, 0, 0};
+  if (g.rank == 0) {
+    shared[2] = config().autotune_refresh ? 1 : 0;
+    if (cache.use && shared[2] == 0)
+      if (auto c = autotune::read_cache_entry(cache.file)) shared = {c->cap, c->direct_bytes, 0};
+  }
+  post(control(bcast_call(shared.data(), 3, MPI_UINT64_T, 0, g.comm)), nullptr);
+  return shared;
+}
+
+// Every pass's time of every size, at debug level.
+void log_passes(const std::vector<autotune::Timings>& ladder) {
+  log_debug([&] {
+    std::string passes;
+    auto ms = [](const std::vector<double>& v) {
+      std::string out;
+      for (double x : v) out += fmt::format("{}{:.4f}", out.empty() ? "" : "/", x * 1e3);
+      return out;
+    };
+    for (const auto& t : ladder)
+      passes +=
+          fmt::format(" {}KiB: packed {} bare {} ms;", t.bytes >> 10, ms(t.packed), ms(t.bare));
+    return fmt::format("auto buckets: each pass's fastest of {} ({} up to {} KiB):{}", kRepsPerPass,
+                       kRepsPerPassSmall, kSmallBytes >> 10, passes);
+  });
+}
+
+// Caches the measured choice `c` (rank 0 writes the file) unless the measurement was cut short,
+// looks noisy or ran on a busy machine, or caching is off; returns the words that say which.
+// Collective (host_load).
+std::string cache_measured(GroupState& g, const autotune::Choice& c,
+                           const std::vector<autotune::Timings>& ladder, int passes,
+                           const CacheFile& cache) {
+  const auto [load_milli, local_ranks, cpus] = host_load(g);
+  const double load = static_cast<double>(load_milli) / 1000;
+  const bool busy =
+      autotune::machine_busy(load, static_cast<long>(cpus), static_cast<int>(local_ranks));
+  const bool cut_short = passes < kPasses || ladder.size() < kLadder.size();
+  if (cut_short)
+    return fmt::format(
+        "measured, NOT cached: {} of {} passes, up to {}, fit in TD_AUTOTUNE_BUDGET_MS={} (a "
+        "busy or slow machine); this process uses it, the next one measures again",
+        passes, kPasses, kib(ladder.back().bytes), config().autotune_budget.count());
+  if (c.noisy || busy) {
+    const std::string why =
+        c.noisy ? spread_text(c)
+                : fmt::format(
+                      "load average {:.2f} on {} CPUs, of which this job's {} ranks there "
+                      "explain at most {}",
+                      load, cpus, local_ranks, local_ranks);
+    return fmt::format(
+        "measured, NOT cached: the machine looks busy ({}); this process uses it, the next one "
+        "measures again (cache file {})",
+        why, cache.file.empty() ? std::string("none") : cache.file.string());
+  }
+  if (!cache.use)
+    return fmt::format("measured ({}); not cached: {}", spread_text(c),
+                       cache.dir.empty() ? "no cache directory" : "TD_AUTOTUNE_CACHE=0");
+  if (g.rank == 0 &&
+      !autotune::write_cache_entry(cache.file, {c.cap, c.direct_bytes, cache_notes(g, c, ladder)},
+                                   std::to_string(getpid())))
+    log_warn([&] {
+      return fmt::format("could not write the bucket-size cache {}", cache.file.string());
+    });
+  return fmt::format("measured ({}), cached in {}", spread_text(c), cache.file.string());
+}
+
 // Resolves kAutoBucketBytes on a group of 2 ranks or more; returns it with the one line that says
 // how it was found. Collective: every decision below is taken on values every rank shares
 // (rank 0's broadcast cache entry, MAX-over-ranks timings).
 std::pair<TunedBuckets, std::string> resolve(GroupState& g) {
-  const std::filesystem::path dir = autotune::cache_dir();
+  CacheFile cache;
+  cache.dir = autotune::cache_dir();
   const std::string key = cache_key(g);
-  const std::filesystem::path file = dir.empty() ? std::filesystem::path() : dir / key;
-  const bool use_cache = !dir.empty() && config().autotune_cache;
-  std::array<std::uint64_t, 3> shared{0, 0, 0};  // cached cap, direct bytes; refresh
-  if (g.rank == 0) {
-    shared[2] = config().autotune_refresh ? 1 : 0;
-    if (use_cache && shared[2] == 0)
-      if (auto c = autotune::read_cache_entry(file)) shared = {c->cap, c->direct_bytes, 0};
-  }
-  post(control(bcast_call(shared.data(), 3, MPI_UINT64_T, 0, g.comm)), nullptr);
+  if (!cache.dir.empty()) cache.file = cache.dir / key;
+  cache.use = !cache.dir.empty() && config().autotune_cache;
+  const std::array<std::uint64_t, 3> shared = shared_cache_entry(g, cache);
 
   std::string story;
   if (shared[0] > 0) {
@@ -259,13 +331,13 @@ std::pair<TunedBuckets, std::string> resolve(GroupState& g) {
     const autotune::SpotCheck verdict =
         autotune::check_cached_cap(cap, time_sizes(g, autotune::spot_check_sizes(cap), false));
     if (!verdict.off)
-      return {
-          {cap, shared[1]},
-          fmt::format("from the cache {} (spot check against its neighbours: ok)", file.string())};
+      return {{cap, shared[1]},
+              fmt::format("from the cache {} (spot check against its neighbours: ok)",
+                          cache.file.string())};
     story = fmt::format(
         "the cached cap {} ({}) is off: {} was {:.0f}% or more cheaper per byte in every pass of "
         "a spot check; measured again: ",
-        kib(cap), file.string(), kib(verdict.better_bytes), verdict.gain * 100);
+        kib(cap), cache.file.string(), kib(verdict.better_bytes), verdict.gain * 100);
   } else if (shared[2] != 0) {
     story = "TD_AUTOTUNE_REFRESH: cached entry ignored; ";
   }
@@ -274,55 +346,10 @@ std::pair<TunedBuckets, std::string> resolve(GroupState& g) {
   const auto ladder =
       time_sizes(g, std::vector<std::size_t>(kLadder.begin(), kLadder.end()), true, &passes);
   const autotune::Choice c = autotune::choose(ladder);
-  if (g.rank == 0)
-    log_debug([&] {
-      std::string passes;
-      auto ms = [](const std::vector<double>& v) {
-        std::string out;
-        for (double x : v) out += fmt::format("{}{:.4f}", out.empty() ? "" : "/", x * 1e3);
-        return out;
-      };
-      for (const auto& t : ladder)
-        passes +=
-            fmt::format(" {}KiB: packed {} bare {} ms;", t.bytes >> 10, ms(t.packed), ms(t.bare));
-      return fmt::format("auto buckets: each pass's fastest of {} ({} up to {} KiB):{}",
-                         kRepsPerPass, kRepsPerPassSmall, kSmallBytes >> 10, passes);
-    });
-  const TunedBuckets pick{c.cap, c.direct_bytes};
-  const auto [load_milli, local_ranks, cpus] = host_load(g);
-  const double load = static_cast<double>(load_milli) / 1000;
-  const bool busy =
-      autotune::machine_busy(load, static_cast<long>(cpus), static_cast<int>(local_ranks));
-  const bool cut_short = passes < kPasses || ladder.size() < kLadder.size();
-  if (cut_short) {
-    story += fmt::format(
-        "measured, NOT cached: {} of {} passes, up to {}, fit in TD_AUTOTUNE_BUDGET_MS={} (a "
-        "busy or slow machine); this process uses it, the next one measures again",
-        passes, kPasses, kib(ladder.back().bytes), config().autotune_budget.count());
-  } else if (c.noisy || busy) {
-    const std::string why =
-        c.noisy ? spread_text(c)
-                : fmt::format(
-                      "load average {:.2f} on {} CPUs, of which this job's {} ranks there "
-                      "explain at most {}",
-                      load, cpus, local_ranks, local_ranks);
-    story += fmt::format(
-        "measured, NOT cached: the machine looks busy ({}); this process uses it, the next one "
-        "measures again (cache file {})",
-        why, file.empty() ? std::string("none") : file.string());
-  } else if (!use_cache) {
-    story += fmt::format("measured ({}); not cached: {}", spread_text(c),
-                         dir.empty() ? "no cache directory" : "TD_AUTOTUNE_CACHE=0");
-  } else {
-    story += fmt::format("measured ({}), cached in {}", spread_text(c), file.string());
-    if (g.rank == 0 &&
-        !autotune::write_cache_entry(file, {pick.cap, pick.direct_bytes, cache_notes(g, c, ladder)},
-                                     std::to_string(getpid())))
-      log_warn(
-          [&] { return fmt::format("could not write the bucket-size cache {}", file.string()); });
-  }
+  if (g.rank == 0) log_passes(ladder);
+  story += cache_measured(g, c, ladder, passes, cache);
   story += fmt::format(" (per size, median packed cycle / bare allreduce:{})", ladder_text(ladder));
-  return {pick, story};
+  return {{c.cap, c.direct_bytes}, story};
 }
 
 }  // namespace

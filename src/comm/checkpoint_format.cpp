@@ -212,70 +212,63 @@ std::uint64_t safetensors_header_length(std::span<const std::byte> first_bytes,
   return n;
 }
 
-SafetensorsHeader decode_safetensors_header(std::span<const std::byte> json,
-                                            std::uint64_t file_size, std::string_view file) {
-  const std::string_view text(reinterpret_cast<const char*>(json.data()), json.size());
-  if (text.empty() || text.front() != '{')
-    throw Error(fmt::format("{}: invalid header: it does not begin with '{{'", file));
-  std::vector<std::string> order;
-  const Json j = parse_checked(text, 3, file, "header", order);
-  if (!j.is_object()) throw Error(fmt::format("{}: invalid header: not a JSON object", file));
+namespace {
 
-  SafetensorsHeader h;
-  h.data_start = 8 + json.size();
-  if (file_size < h.data_start)
-    throw Error(fmt::format("{}: truncated: the header ends past the end of the file", file));
-  h.data_bytes = file_size - h.data_start;
-  h.entries.reserve(j.size());
-  for (const auto& item : j.items()) {
-    // Named, not bound: lambdas below use them (clang 14 cannot capture structured bindings).
-    const std::string& name = item.key();
-    const Json& info = item.value();
-    if (name == "__metadata__") {
-      if (!info.is_object())
-        throw Error(fmt::format("{}: invalid header: __metadata__ is not an object", file));
-      for (const auto& [k, v] : info.items()) {
-        if (!v.is_string())
-          throw Error(
-              fmt::format("{}: invalid header: __metadata__ entry '{}' is not a string", file, k));
-        h.metadata.emplace(k, v.get<std::string>());
-      }
-      continue;
-    }
-    auto bad = [&](std::string_view why) {
-      return Error(fmt::format("{}: tensor '{}': {}", file, name, why));
-    };
-    if (!info.is_object()) throw bad("its entry is not an object");
-    const auto dt = info.find("dtype");
-    const auto sh = info.find("shape");
-    const auto off = info.find("data_offsets");
-    if (dt == info.end() || !dt->is_string()) throw bad("missing or invalid \"dtype\"");
-    if (sh == info.end()) throw bad("missing \"shape\"");
-    if (off == info.end() || !off->is_array() || off->size() != 2 ||
-        !(*off)[0].is_number_unsigned() || !(*off)[1].is_number_unsigned())
-      throw bad("\"data_offsets\" is not a pair of non-negative integers");
-    SafetensorsEntry e;
-    e.name = name;
-    e.dtype_name = dt->get<std::string>();
-    const FormatDType* fd = find_format_dtype(e.dtype_name);
-    if (fd == nullptr) throw bad(fmt::format("unknown dtype \"{}\"", e.dtype_name));
-    e.dtype = fd->dtype;
-    auto shape = shape_of(*sh);
-    if (!shape)
-      throw bad(fmt::format("\"shape\" is not a list of at most {} non-negative integers",
-                            kCheckpointMaxDims));
-    e.shape = std::move(*shape);
-    e.begin = (*off)[0].get<std::uint64_t>();
-    e.end = (*off)[1].get<std::uint64_t>();
-    const auto bytes = byte_count(e.shape, fd->bits);
-    if (!bytes) throw bad(fmt::format("shape {} overflows its element count", dump_strict(*sh)));
-    if (e.end < e.begin)
-      throw bad(fmt::format("data_offsets [{}, {}] end before they begin", e.begin, e.end));
-    if (e.end - e.begin != *bytes)
-      throw bad(fmt::format("data_offsets [{}, {}] hold {} bytes, but {} x {} needs {}", e.begin,
-                            e.end, e.end - e.begin, e.dtype_name, dump_strict(*sh), *bytes));
-    h.entries.push_back(std::move(e));
+// The header's __metadata__ object: string values only.
+void decode_header_metadata(const Json& info, std::string_view file,
+                            std::map<std::string, std::string>& metadata) {
+  if (!info.is_object())
+    throw Error(fmt::format("{}: invalid header: __metadata__ is not an object", file));
+  for (const auto& [k, v] : info.items()) {
+    if (!v.is_string())
+      throw Error(
+          fmt::format("{}: invalid header: __metadata__ entry '{}' is not a string", file, k));
+    metadata.emplace(k, v.get<std::string>());
   }
+}
+
+// One tensor's entry of the header, checked on its own: its fields, its dtype, and a byte range
+// that holds dtype x shape.
+SafetensorsEntry decode_header_entry(const std::string& name, const Json& info,
+                                     std::string_view file) {
+  auto bad = [&](std::string_view why) {
+    return Error(fmt::format("{}: tensor '{}': {}", file, name, why));
+  };
+  if (!info.is_object()) throw bad("its entry is not an object");
+  const auto dt = info.find("dtype");
+  const auto sh = info.find("shape");
+  const auto off = info.find("data_offsets");
+  if (dt == info.end() || !dt->is_string()) throw bad("missing or invalid \"dtype\"");
+  if (sh == info.end()) throw bad("missing \"shape\"");
+  if (off == info.end() || !off->is_array() || off->size() != 2 ||
+      !(*off)[0].is_number_unsigned() || !(*off)[1].is_number_unsigned())
+    throw bad("\"data_offsets\" is not a pair of non-negative integers");
+  SafetensorsEntry e;
+  e.name = name;
+  e.dtype_name = dt->get<std::string>();
+  const FormatDType* fd = find_format_dtype(e.dtype_name);
+  if (fd == nullptr) throw bad(fmt::format("unknown dtype \"{}\"", e.dtype_name));
+  e.dtype = fd->dtype;
+  auto shape = shape_of(*sh);
+  if (!shape)
+    throw bad(fmt::format("\"shape\" is not a list of at most {} non-negative integers",
+                          kCheckpointMaxDims));
+  e.shape = std::move(*shape);
+  e.begin = (*off)[0].get<std::uint64_t>();
+  e.end = (*off)[1].get<std::uint64_t>();
+  const auto bytes = byte_count(e.shape, fd->bits);
+  if (!bytes) throw bad(fmt::format("shape {} overflows its element count", dump_strict(*sh)));
+  if (e.end < e.begin)
+    throw bad(fmt::format("data_offsets [{}, {}] end before they begin", e.begin, e.end));
+  if (e.end - e.begin != *bytes)
+    throw bad(fmt::format("data_offsets [{}, {}] hold {} bytes, but {} x {} needs {}", e.begin,
+                          e.end, e.end - e.begin, e.dtype_name, dump_strict(*sh), *bytes));
+  return e;
+}
+
+// Sorts the entries by offset and checks that they cover the data buffer from 0 to its end, with
+// no hole or overlap.
+void check_data_coverage(SafetensorsHeader& h, std::string_view file) {
   std::sort(h.entries.begin(), h.entries.end(), [](const auto& a, const auto& b) {
     return std::pair(a.begin, a.end) < std::pair(b.begin, b.end);
   });
@@ -303,6 +296,32 @@ SafetensorsHeader decode_safetensors_header(std::span<const std::byte> json,
         "{}: the tensors end at byte {} of the data buffer, but the file holds {} bytes after "
         "the header ({} trailing bytes)",
         file, at, h.data_bytes, h.data_bytes - at));
+}
+
+}  // namespace
+
+SafetensorsHeader decode_safetensors_header(std::span<const std::byte> json,
+                                            std::uint64_t file_size, std::string_view file) {
+  const std::string_view text(reinterpret_cast<const char*>(json.data()), json.size());
+  if (text.empty() || text.front() != '{')
+    throw Error(fmt::format("{}: invalid header: it does not begin with '{{'", file));
+  std::vector<std::string> order;
+  const Json j = parse_checked(text, 3, file, "header", order);
+  if (!j.is_object()) throw Error(fmt::format("{}: invalid header: not a JSON object", file));
+
+  SafetensorsHeader h;
+  h.data_start = 8 + json.size();
+  if (file_size < h.data_start)
+    throw Error(fmt::format("{}: truncated: the header ends past the end of the file", file));
+  h.data_bytes = file_size - h.data_start;
+  h.entries.reserve(j.size());
+  for (const auto& [name, info] : j.items()) {
+    if (name == "__metadata__")
+      decode_header_metadata(info, file, h.metadata);
+    else
+      h.entries.push_back(decode_header_entry(name, info, file));
+  }
+  check_data_coverage(h, file);
   return h;
 }
 

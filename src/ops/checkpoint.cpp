@@ -432,31 +432,53 @@ struct Loaded {
   std::vector<FileRange> ranges;
 };
 
+// The elements of a shape (unchecked: every caller's shape was checked when its file was parsed).
+std::int64_t element_count(const Shape& shape) {
+  std::int64_t n = 1;
+  for (const auto d : shape) n *= d;
+  return n;
+}
+
+// One storage per dtype, handed out as consecutive views, so that a loaded dict is consolidated:
+// each dtype's leaves back to back, in the order they are taken. count() every tensor, then
+// allocate(), then take() each.
+class ConsolidatedStorage {
+ public:
+  void count(DType dtype, const Shape& shape) { total_[index(dtype)] += element_count(shape); }
+  void allocate() {
+    for (std::size_t k = 0; k < kNumDTypes; ++k)
+      if (total_[k] > 0) storage_[k] = Tensor::empty({total_[k]}, static_cast<DType>(k));
+  }
+  // The next view of `dtype`'s storage; a tensor of its own when `shape` has no elements.
+  Tensor take(DType dtype, const Shape& shape) {
+    const std::size_t k = index(dtype);
+    const std::int64_t n = element_count(shape);
+    Tensor t =
+        n == 0 ? Tensor::empty(shape, dtype) : storage_[k].slice(0, at_[k], at_[k] + n).view(shape);
+    at_[k] += n;
+    return t;
+  }
+
+ private:
+  static std::size_t index(DType dtype) { return static_cast<std::size_t>(dtype); }
+  std::array<std::int64_t, kNumDTypes> total_{};
+  std::array<Tensor, kNumDTypes> storage_;
+  std::array<std::int64_t, kNumDTypes> at_{};
+};
+
 // The consolidated dict of `items` (one storage per dtype, leaves in canonical order) and the
-// file ranges that fill it. `build` creates the dict's structure before the leaves are set.
+// file ranges that fill it. `dict` already holds the structure (its sub-dicts) the leaves go into.
 Loaded allocate(std::vector<LoadItem>& items, std::uint64_t data_start, TensorDict dict,
                 std::string_view file) {
   std::sort(items.begin(), items.end(),
             [](const LoadItem& a, const LoadItem& b) { return a.key < b.key; });
-  std::array<std::int64_t, kNumDTypes> total{};
-  for (const auto& it : items) {
-    std::int64_t n = 1;
-    for (const auto d : it.entry->shape) n *= d;
-    total[static_cast<std::size_t>(*it.entry->dtype)] += n;
-  }
-  std::array<Tensor, kNumDTypes> storage;
-  for (std::size_t k = 0; k < kNumDTypes; ++k)
-    if (total[k] > 0) storage[k] = Tensor::empty({total[k]}, static_cast<DType>(k));
-  std::array<std::int64_t, kNumDTypes> at{};
+  ConsolidatedStorage storage;
+  for (const auto& it : items) storage.count(*it.entry->dtype, it.entry->shape);
+  storage.allocate();
   Loaded out{std::move(dict), {}};
   for (const auto& it : items) {
-    const auto k = static_cast<std::size_t>(*it.entry->dtype);
-    std::int64_t n = 1;
-    for (const auto d : it.entry->shape) n *= d;
-    Tensor t = n == 0 ? Tensor::empty(it.entry->shape, *it.entry->dtype)
-                      : storage[k].slice(0, at[k], at[k] + n).view(it.entry->shape);
-    at[k] += n;
-    if (n > 0)
+    Tensor t = storage.take(*it.entry->dtype, it.entry->shape);
+    if (t.numel() > 0)
       out.ranges.push_back({data_start + it.entry->begin, static_cast<std::byte*>(t.raw_data()),
                             it.entry->end - it.entry->begin});
     try {
@@ -656,20 +678,46 @@ void write_memmap_meta(const Manifest& m, const fs::path& root) {
   }
 }
 
-// Reads a memmap directory (each rank all of it).
-TensorDict read_memmap(const fs::path& dir) {
-  struct Leaf {
-    KeyPath key;
-    DType dtype;
-    Shape shape;
-    fs::path path;
-  };
-  std::vector<Leaf> leaves;
-  struct Dict {
-    KeyPath key;
-    detail::MemmapMeta meta;
-  };
-  std::vector<Dict> dicts;
+// What a memmap directory holds, from its meta.json files: every leaf with the file that holds
+// it, and every dict with its meta.json, parents first ([0] is the root).
+struct MemmapLeaf {
+  KeyPath key;
+  DType dtype = DType::Float32;
+  Shape shape;
+  fs::path path;
+};
+struct MemmapDict {
+  KeyPath key;
+  detail::MemmapMeta meta;
+};
+struct MemmapTree {
+  std::vector<MemmapLeaf> leaves;
+  std::vector<MemmapDict> dicts;
+};
+
+// The directory of the dict `key` under `path` (whose meta.json is `meta_file`).
+fs::path memmap_dict_dir(const fs::path& path, const std::string& key, const fs::path& meta_file) {
+  fs::path sub = path / detail::memmap_file_name(key);
+  if (!fs::is_directory(sub) && key.find('/') == std::string::npos && fs::is_directory(path / key))
+    sub = path / key;  // written by an older tensordict, without key encoding
+  if (!fs::is_directory(sub))
+    throw Error(fmt::format("{}: key '{}': its directory {} is missing", meta_file.string(), key,
+                            sub.string()));
+  return sub;
+}
+
+// The file of the leaf `key` under `path`.
+fs::path memmap_leaf_file(const fs::path& path, const std::string& key) {
+  fs::path file = path / (detail::memmap_file_name(key) + ".memmap");
+  if (!fs::exists(file) && key.find('/') == std::string::npos &&
+      fs::exists(path / (key + ".memmap")))
+    file = path / (key + ".memmap");
+  return file;
+}
+
+// Reads the meta.json of `dir` and of every directory below it, breadth first.
+MemmapTree read_memmap_tree(const fs::path& dir) {
+  MemmapTree tree;
   std::vector<std::pair<KeyPath, fs::path>> todo{{KeyPath{}, dir}};
   for (std::size_t q = 0; q < todo.size(); ++q) {
     const auto [key, path] = todo[q];
@@ -680,73 +728,62 @@ TensorDict read_memmap(const fs::path& dir) {
     detail::MemmapMeta meta = detail::decode_memmap_meta(text, meta_file.string());
     for (const auto& e : meta.entries) {
       KeyPath k = child(key, e.key);
-      const std::string enc = detail::memmap_file_name(e.key);
-      if (e.is_dict) {
-        fs::path sub = path / enc;
-        if (!fs::is_directory(sub) && e.key.find('/') == std::string::npos &&
-            fs::is_directory(path / e.key))
-          sub = path / e.key;  // written by an older tensordict, without key encoding
-        if (!fs::is_directory(sub))
-          throw Error(fmt::format("{}: key '{}': its directory {} is missing", meta_file.string(),
-                                  e.key, sub.string()));
-        todo.emplace_back(std::move(k), std::move(sub));
-        continue;
-      }
-      fs::path file = path / (enc + ".memmap");
-      if (!fs::exists(file) && e.key.find('/') == std::string::npos &&
-          fs::exists(path / (e.key + ".memmap")))
-        file = path / (e.key + ".memmap");
-      leaves.push_back({std::move(k), e.dtype, e.shape, std::move(file)});
+      if (e.is_dict)
+        todo.emplace_back(std::move(k), memmap_dict_dir(path, e.key, meta_file));
+      else
+        tree.leaves.push_back({std::move(k), e.dtype, e.shape, memmap_leaf_file(path, e.key)});
     }
-    dicts.push_back({key, std::move(meta)});
+    tree.dicts.push_back({key, std::move(meta)});
   }
-  // One storage per dtype, leaves in canonical order.
+  return tree;
+}
+
+// Fills `t` (leaf `l`'s tensor, with elements) from its file.
+void read_memmap_file(const fs::path& dir, const MemmapLeaf& l, Tensor& t) {
+  if (!fs::exists(l.path))
+    throw Error(fmt::format("{}: key '{}': its file {} is missing", dir.string(), key_str(l.key),
+                            l.path.string()));
+  LocalFile f = LocalFile::open_read(l.path);
+  const std::uint64_t want = t.nbytes();
+  if (f.size() < want)
+    throw Error(fmt::format("{}: key '{}': truncated: {} holds {} bytes, {}{} needs {}",
+                            dir.string(), key_str(l.key), l.path.string(), f.size(), name(l.dtype),
+                            detail::shape_str(l.shape), want));
+  const FileRange r{0, static_cast<std::byte*>(t.raw_data()), want};
+  f.read({&r, 1});
+}
+
+// Every leaf's tensor, read into one storage per dtype (leaves in canonical order).
+std::map<KeyPath, Tensor> read_memmap_leaves(const fs::path& dir,
+                                             const std::vector<MemmapLeaf>& leaves) {
   std::vector<std::size_t> order(leaves.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(),
             [&](std::size_t a, std::size_t b) { return leaves[a].key < leaves[b].key; });
-  std::array<std::int64_t, kNumDTypes> total{};
-  auto numel = [](const Shape& s) {
-    std::int64_t n = 1;
-    for (const auto d : s) n *= d;
-    return n;
-  };
-  for (const auto& l : leaves) total[static_cast<std::size_t>(l.dtype)] += numel(l.shape);
-  std::array<Tensor, kNumDTypes> storage;
-  for (std::size_t k = 0; k < kNumDTypes; ++k)
-    if (total[k] > 0) storage[k] = Tensor::empty({total[k]}, static_cast<DType>(k));
-  std::array<std::int64_t, kNumDTypes> at{};
+  ConsolidatedStorage storage;
+  for (const auto& l : leaves) storage.count(l.dtype, l.shape);
+  storage.allocate();
   std::map<KeyPath, Tensor> tensors;
   for (const std::size_t i : order) {
-    const Leaf& l = leaves[i];
-    const auto k = static_cast<std::size_t>(l.dtype);
-    const std::int64_t n = numel(l.shape);
-    Tensor t = n == 0 ? Tensor::empty(l.shape, l.dtype)
-                      : storage[k].slice(0, at[k], at[k] + n).view(l.shape);
-    at[k] += n;
-    if (n > 0) {
-      if (!fs::exists(l.path))
-        throw Error(fmt::format("{}: key '{}': its file {} is missing", dir.string(),
-                                key_str(l.key), l.path.string()));
-      LocalFile f = LocalFile::open_read(l.path);
-      const std::uint64_t want = t.nbytes();
-      if (f.size() < want)
-        throw Error(fmt::format("{}: key '{}': truncated: {} holds {} bytes, {}{} needs {}",
-                                dir.string(), key_str(l.key), l.path.string(), f.size(),
-                                name(l.dtype), detail::shape_str(l.shape), want));
-      const FileRange r{0, static_cast<std::byte*>(t.raw_data()), want};
-      f.read({&r, 1});
-    }
+    const MemmapLeaf& l = leaves[i];
+    Tensor t = storage.take(l.dtype, l.shape);
+    if (t.numel() > 0) read_memmap_file(dir, l, t);
     tensors.emplace(l.key, std::move(t));
   }
+  return tensors;
+}
+
+// The dict of `dicts` (each entry in its meta.json's order) with the leaves `tensors`.
+TensorDict assemble_memmap(const fs::path& dir, const std::vector<MemmapDict>& dicts,
+                           const std::map<KeyPath, Tensor>& tensors) {
   TensorDict out(dicts[0].meta.batch);
   for (const auto& d : dicts) {
     for (const auto& e : d.meta.entries) {
       const KeyPath k = child(d.key, e.key);
       try {
         if (e.is_dict) {
-          const auto sub =
-              std::find_if(dicts.begin(), dicts.end(), [&](const Dict& x) { return x.key == k; });
+          const auto sub = std::find_if(dicts.begin(), dicts.end(),
+                                        [&](const MemmapDict& x) { return x.key == k; });
           out.set(key_of(k), TensorDict(sub->meta.batch));
         } else {
           out.set(key_of(k), tensors.at(k));
@@ -758,6 +795,12 @@ TensorDict read_memmap(const fs::path& dir) {
     }
   }
   return out;
+}
+
+// Reads a memmap directory (each rank all of it).
+TensorDict read_memmap(const fs::path& dir) {
+  const MemmapTree tree = read_memmap_tree(dir);
+  return assemble_memmap(dir, tree.dicts, read_memmap_leaves(dir, tree.leaves));
 }
 
 }  // namespace
@@ -803,26 +846,81 @@ void save_safetensors(const TensorDict& dict, const fs::path& file, const FileOp
 
 namespace {
 
-TensorDict load_safetensors_impl(const fs::path& file, const TensorDict* like,
-                                 const FileOptions& opts) {
+// One process reads the file.
+TensorDict load_safetensors_alone(const fs::path& file, const TensorDict* like) {
   const std::string name = file.string();
-  if (!opts.group) {
-    LocalFile f = LocalFile::open_read(file);
-    const std::uint64_t size = f.size();
-    std::array<std::byte, 8> first{};
-    if (size >= 8) {
-      const FileRange r{0, first.data(), 8};
-      f.read({&r, 1});
-    }
-    const std::uint64_t n = detail::safetensors_header_length(first, size, name);
-    std::vector<std::byte> json(n);
-    const FileRange r{8, json.data(), n};
+  LocalFile f = LocalFile::open_read(file);
+  const std::uint64_t size = f.size();
+  std::array<std::byte, 8> first{};
+  if (size >= 8) {
+    const FileRange r{0, first.data(), 8};
     f.read({&r, 1});
-    const auto h = detail::decode_safetensors_header(json, size, name);
-    Loaded l = plan_load(h, like, name);
-    f.read(l.ranges);
-    return std::move(l.dict);
   }
+  const std::uint64_t n = detail::safetensors_header_length(first, size, name);
+  std::vector<std::byte> json(n);
+  const FileRange r{8, json.data(), n};
+  f.read({&r, 1});
+  const auto h = detail::decode_safetensors_header(json, size, name);
+  Loaded l = plan_load(h, like, name);
+  f.read(l.ranges);
+  return std::move(l.dict);
+}
+
+// A safetensors file's size and its header's JSON text.
+struct HeaderBytes {
+  std::uint64_t file_size = 0;
+  std::vector<std::byte> json;
+};
+
+// Every rank of the group reads the header of the open file `f`, each step agreed.
+HeaderBytes read_header_together(const GroupContext& ctx, CollectiveFile& f,
+                                 const std::string& name, std::string_view what) {
+  HeaderBytes out;
+  std::array<std::byte, 8> first{};
+  settle(ctx, detail::capture_error([&] {
+           out.file_size = f.size();
+           const FileRange r{0, first.data(), std::min<std::uint64_t>(out.file_size, 8)};
+           f.read({&r, 1});
+         }),
+         what);
+  std::uint64_t n = 0;
+  settle(ctx, detail::capture_error([&] {
+           n = detail::safetensors_header_length(first, out.file_size, name);
+           out.json.resize(n);
+         }),
+         what);
+  settle(ctx, detail::capture_error([&] {
+           const FileRange r{8, out.json.data(), n};
+           f.read({&r, 1});
+         }),
+         what);
+  return out;
+}
+
+// The ranges of `ranges` (this rank's reads) that every rank of the group reads, which are read
+// once and broadcast (read_shared), and the others, which the ranks that ask for them read. Every
+// rank parsed the same header `h`: entry i is the same everywhere.
+void split_shared_reads(const GroupContext& ctx, const detail::SafetensorsHeader& h,
+                        const std::vector<FileRange>& ranges, std::string_view what,
+                        std::vector<FileRange>& shared, std::vector<FileRange>& own) {
+  // Entry i of the header (sorted by offset): 1 where this rank reads it, then AND.
+  std::vector<std::uint8_t> wanted(h.entries.size(), 0);
+  auto entry_of = [&](const FileRange& r) {
+    const std::uint64_t begin = r.offset - h.data_start;
+    const auto it = std::lower_bound(
+        h.entries.begin(), h.entries.end(), begin,
+        [](const detail::SafetensorsEntry& e, std::uint64_t b) { return e.begin < b; });
+    return static_cast<std::size_t>(it - h.entries.begin());
+  };
+  for (const auto& r : ranges) wanted[entry_of(r)] = 1;
+  detail::and_over_ranks(*ctx.g, wanted, ctx.deadline, what);
+  for (const auto& r : ranges) (wanted[entry_of(r)] != 0 ? shared : own).push_back(r);
+}
+
+// A group reads the file with collective MPI-IO, every step agreed.
+TensorDict load_safetensors_together(const fs::path& file, const TensorDict* like,
+                                     const FileOptions& opts) {
+  const std::string name = file.string();
   const std::string what = what_of("load_safetensors", file);
   const GroupContext ctx = group_context(opts, what);
   settle(ctx, detail::check_same_path(*ctx.g, file, ctx.deadline, what), what);
@@ -836,54 +934,27 @@ TensorDict load_safetensors_impl(const fs::path& file, const TensorDict* like,
            f.emplace(CollectiveFile::open(*ctx.g, file, false, ctx.deadline));
          }),
          what);
-  std::uint64_t size = 0;
-  std::array<std::byte, 8> first{};
-  settle(ctx, detail::capture_error([&] {
-           size = f->size();
-           const FileRange r{0, first.data(), std::min<std::uint64_t>(size, 8)};
-           f->read({&r, 1});
-         }),
-         what);
-  std::uint64_t n = 0;
-  std::vector<std::byte> json;
-  settle(ctx, detail::capture_error([&] {
-           n = detail::safetensors_header_length(first, size, name);
-           json.resize(n);
-         }),
-         what);
-  settle(ctx, detail::capture_error([&] {
-           const FileRange r{8, json.data(), n};
-           f->read({&r, 1});
-         }),
-         what);
+  const HeaderBytes header = read_header_together(ctx, *f, name, what);
   std::optional<detail::SafetensorsHeader> h;
   std::optional<Loaded> l;
   settle(ctx, detail::capture_error([&] {
-           h.emplace(detail::decode_safetensors_header(json, size, name));
+           h.emplace(detail::decode_safetensors_header(header.json, header.file_size, name));
            l.emplace(plan_load(*h, like, name));
          }),
          what);
-  // The tensors every rank asks for are read once and broadcast (read_shared); the others by the
-  // ranks that ask for them. Every rank parsed the same header: entry i is the same everywhere.
   std::vector<FileRange> shared, own;
-  settle(ctx, detail::capture_error([&] {
-           // Entry i of the header (sorted by offset): 1 where this rank reads it, then AND.
-           std::vector<std::uint8_t> wanted(h->entries.size(), 0);
-           auto entry_of = [&](const FileRange& r) {
-             const std::uint64_t begin = r.offset - h->data_start;
-             const auto it = std::lower_bound(
-                 h->entries.begin(), h->entries.end(), begin,
-                 [](const detail::SafetensorsEntry& e, std::uint64_t b) { return e.begin < b; });
-             return static_cast<std::size_t>(it - h->entries.begin());
-           };
-           for (const auto& r : l->ranges) wanted[entry_of(r)] = 1;
-           detail::and_over_ranks(*ctx.g, wanted, ctx.deadline, what);
-           for (const auto& r : l->ranges) (wanted[entry_of(r)] != 0 ? shared : own).push_back(r);
-         }),
+  settle(ctx,
+         detail::capture_error([&] { split_shared_reads(ctx, *h, l->ranges, what, shared, own); }),
          what);
   settle(ctx, detail::capture_error([&] { f->read_shared(shared, own); }), what);
   settle(ctx, detail::capture_error([&] { f->close(); }), what);
   return std::move(l->dict);
+}
+
+TensorDict load_safetensors_impl(const fs::path& file, const TensorDict* like,
+                                 const FileOptions& opts) {
+  return opts.group ? load_safetensors_together(file, like, opts)
+                    : load_safetensors_alone(file, like);
 }
 
 }  // namespace
