@@ -30,6 +30,7 @@
 #include "comm/dict_wire.hpp"
 #include "comm/file_io.hpp"
 #include "comm/validate.hpp"
+#include "core/tensor_internal.hpp"
 #include "runtime/deadline.hpp"
 #include "tensordict/transport.hpp"
 #include "tensordict/version.hpp"
@@ -432,19 +433,14 @@ struct Loaded {
   std::vector<FileRange> ranges;
 };
 
-// The elements of a shape (unchecked: every caller's shape was checked when its file was parsed).
-std::int64_t element_count(const Shape& shape) {
-  std::int64_t n = 1;
-  for (const auto d : shape) n *= d;
-  return n;
-}
-
 // One storage per dtype, handed out as consecutive views, so that a loaded dict is consolidated:
 // each dtype's leaves back to back, in the order they are taken. count() every tensor, then
 // allocate(), then take() each.
 class ConsolidatedStorage {
  public:
-  void count(DType dtype, const Shape& shape) { total_[index(dtype)] += element_count(shape); }
+  void count(DType dtype, const Shape& shape) {
+    total_[index(dtype)] += detail::shape_numel(shape);
+  }
   void allocate() {
     for (std::size_t k = 0; k < kNumDTypes; ++k)
       if (total_[k] > 0) storage_[k] = Tensor::empty({total_[k]}, static_cast<DType>(k));
@@ -452,7 +448,7 @@ class ConsolidatedStorage {
   // The next view of `dtype`'s storage; a tensor of its own when `shape` has no elements.
   Tensor take(DType dtype, const Shape& shape) {
     const std::size_t k = index(dtype);
-    const std::int64_t n = element_count(shape);
+    const std::int64_t n = detail::shape_numel(shape);
     Tensor t =
         n == 0 ? Tensor::empty(shape, dtype) : storage_[k].slice(0, at_[k], at_[k] + n).view(shape);
     at_[k] += n;
