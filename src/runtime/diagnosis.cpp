@@ -250,8 +250,10 @@ std::string state_text(const RankStatus& s) {
       return fmt::format("in another call: {}, for {}", s.call, seconds(s.since.count()));
     case State::Outside:
       return s.call.empty()
-                 ? fmt::format("outside the library for {}, no call made yet",
-                               seconds(s.since.count()))
+                 ? fmt::format(
+                       "outside the library for {} (since init or its last new_group), no call "
+                       "made yet",
+                       seconds(s.since.count()))
                  : fmt::format("outside the library for {}, after {}{}", seconds(s.since.count()),
                                s.call, s.seq == 0 ? " (its last call, on another group)" : "");
     case State::NoAnswer:
@@ -284,103 +286,148 @@ Reply reply_of(int rank, const LocalStatus& st) {
   return r;
 }
 
-std::string cause_of(const std::vector<Reply>& replies, const CallRef& call,
-                     const CallFacts& facts) {
-  const std::string gname = group_name(call.group);
-  const std::string this_call = fmt::format("{} #{} on {}", facts.op, call.seq, gname);
-  // In this call; done with it (its part completed here, as an async call's rank whose buckets
-  // all completed without the others, wherever it is now); or missing (not called it,
-  // elsewhere, no answer).
-  std::vector<int> same, done, missing;
+// The replies to the diagnosis of one call, by where each rank is relative to it.
+struct Sides {
+  const std::vector<Reply>& replies;
+  const CallRef& call;
+  const CallFacts& facts;
+  std::string gname;         // the call's group
+  std::string this_call;     // "TensorDict.all_reduce #42 on world"
+  std::vector<int> same;     // in this call
+  std::vector<int> done;     // done with it: its part completed here (an async call's rank whose
+                             // buckets all completed without the others), wherever it is now
+  std::vector<int> missing;  // not called it: elsewhere, or no answer
+};
+
+Sides sides_of(const std::vector<Reply>& replies, const CallRef& call, const CallFacts& facts) {
+  Sides s{replies, call, facts, group_name(call.group), {}, {}, {}, {}};
+  s.this_call = fmt::format("{} #{} on {}", facts.op, call.seq, s.gname);
   for (const Reply& r : replies) {
     if (r.status.state == State::InThisCall && r.op == facts.op) {
-      same.push_back(r.status.rank);
+      s.same.push_back(r.status.rank);
     } else if (r.completed) {  // only an answer says so
-      done.push_back(r.status.rank);
+      s.done.push_back(r.status.rank);
     } else {
-      missing.push_back(r.status.rank);
+      s.missing.push_back(r.status.rank);
     }
   }
+  return s;
+}
+
+// Ranks in a call of the same number but another operation: different collectives ("" if none).
+std::string different_collectives(const Sides& s) {
+  for (const Reply& r : s.replies) {
+    if (r.status.state != State::InThisCall || r.op == s.facts.op) continue;
+    std::vector<int> others;
+    for (const Reply& o : s.replies)
+      if (o.status.state == State::InThisCall && o.op == r.op) others.push_back(o.status.rank);
+    return fmt::format(
+        "{} wait in {} while {} wait{} in {} #{}: the ranks called different "
+        "collectives",
+        ranks_text(s.same), s.this_call, ranks_text(others), others.size() == 1 ? "s" : "", r.op,
+        s.call.seq);
+  }
+  return {};
+}
+
+// No rank is missing: the call itself stalled.
+std::string stalled(const Sides& s) {
+  if (s.done.empty())
+    return fmt::format(
+        "every rank of {} is in {}: the ranks called the same collective and it did not "
+        "complete (its data stalled: a slow or lost link, or a rank stopped inside MPI)",
+        s.gname, s.this_call);
+  return fmt::format(
+      "every rank of {} called {}: {} completed {} part while {} still wait{} in it (its data "
+      "stalled: a slow or lost link, or a rank stopped inside MPI)",
+      s.gname, s.this_call, ranks_text(s.done), s.done.size() == 1 ? "its" : "their",
+      ranks_text(s.same), s.same.size() == 1 ? "s" : "");
+}
+
+// The first missing rank and the missing ranks in the same situation.
+struct Absent {
+  const Reply& first;
+  std::vector<int> alike;
+  bool one() const { return alike.size() == 1; }
+  std::string who() const { return ranks_text(alike); }
+  std::string has() const { return one() ? "has" : "have"; }
+};
+
+Absent absent_of(const Sides& s) {
+  Absent a{s.replies[static_cast<std::size_t>(s.missing.front())], {}};
+  for (int m : s.missing) {
+    const RankStatus& r = s.replies[static_cast<std::size_t>(m)].status;
+    if (r.state == a.first.status.state && r.seq == a.first.status.seq &&
+        r.call == a.first.status.call)
+      a.alike.push_back(m);
+  }
+  return a;
+}
+
+constexpr const char* kUnevenHint =
+    "ranks with uneven data need ReducerOptions::uneven_inputs and Reducer::join()";
+
+// Missing ranks outside the library: since which call, or having made none.
+std::string outside_cause(const Sides& s, const Absent& a) {
+  const RankStatus& st = a.first.status;
+  const std::string they = a.one() ? "it has" : "they have";
+  const std::string since = seconds(st.since.count());
+  if (st.call.empty())
+    return fmt::format(
+        "{} {} not called {}: {} made no call yet, and {} been outside the library for {} (since "
+        "init or {} last new_group)",
+        a.who(), a.has(), s.this_call, they, a.has(), since, a.one() ? "its" : "their");
+  const std::string outside = fmt::format("{} {} not called {}: {} been outside the library for {}",
+                                          a.who(), a.has(), s.this_call, they, since);
+  std::string out;
+  if (st.seq == 0) {  // no call on this group: its last call on another
+    out = fmt::format("{} since {}{} (no call on {} yet)", outside, st.call,
+                      a.first.failed ? " failed" : "", s.gname);
+  } else if (a.first.failed) {
+    out = fmt::format("{} since {} failed", outside, st.call);
+  } else {
+    out = fmt::format("{} since {} completed {}", outside, a.one() ? "it" : "they", st.call);
+  }
+  if (s.call.kind == CallKind::ReducerStep && a.first.kind == CallKind::ReducerStep &&
+      a.first.group == s.call.group && st.seq < s.call.seq && !s.same.empty()) {
+    const std::uint64_t more = s.call.seq - st.seq;
+    out += fmt::format(
+        "; {} run{} {} Reducer step{} more than {}: the ranks ran different numbers of "
+        "steps ({})",
+        ranks_text(s.same), s.same.size() == 1 ? "s" : "",
+        more == 1 ? std::string("one") : std::to_string(more), more == 1 ? "" : "s", a.who(),
+        kUnevenHint);
+  }
+  return out;
+}
+
+// Missing ranks inside another call of the library.
+std::string other_call_cause(const Sides& s, const Absent& a) {
+  const RankStatus& st = a.first.status;
+  std::string out =
+      fmt::format("{} {} not called {}: {} in {} for {}", a.who(), a.has(), s.this_call,
+                  a.one() ? "it waits" : "they wait", st.call, seconds(st.since.count()));
+  if (s.call.kind == CallKind::ReducerStep && a.first.kind == CallKind::ReducerStep)
+    out += fmt::format("; the ranks ran different numbers of Reducer steps ({})", kUnevenHint);
+  return out;
+}
+
+std::string cause_of(const std::vector<Reply>& replies, const CallRef& call,
+                     const CallFacts& facts) {
   if (call.kind == CallKind::PointToPoint && facts.root >= 0 &&
       facts.root < static_cast<int>(replies.size())) {
     const RankStatus& peer = replies[static_cast<std::size_t>(facts.root)].status;
     return fmt::format("rank {}, the peer of {}, is {}", peer.rank, facts.text, state_text(peer));
   }
-  // Ranks in a call of the same number but another operation: different collectives.
-  for (const Reply& r : replies) {
-    if (r.status.state != State::InThisCall || r.op == facts.op) continue;
-    std::vector<int> others;
-    for (const Reply& o : replies)
-      if (o.status.state == State::InThisCall && o.op == r.op) others.push_back(o.status.rank);
-    return fmt::format(
-        "{} wait in {} while {} wait{} in {} #{}: the ranks called different "
-        "collectives",
-        ranks_text(same), this_call, ranks_text(others), others.size() == 1 ? "s" : "", r.op,
-        call.seq);
-  }
-  if (missing.empty() && done.empty())
-    return fmt::format(
-        "every rank of {} is in {}: the ranks called the same collective and it did not "
-        "complete (its data stalled: a slow or lost link, or a rank stopped inside MPI)",
-        gname, this_call);
-  if (missing.empty())
-    return fmt::format(
-        "every rank of {} called {}: {} completed {} part while {} still wait{} in it (its data "
-        "stalled: a slow or lost link, or a rank stopped inside MPI)",
-        gname, this_call, ranks_text(done), done.size() == 1 ? "its" : "their", ranks_text(same),
-        same.size() == 1 ? "s" : "");
-  // The first missing rank and those in the same situation.
-  const Reply& first = replies[static_cast<std::size_t>(missing.front())];
-  std::vector<int> alike;
-  for (int m : missing) {
-    const Reply& r = replies[static_cast<std::size_t>(m)];
-    if (r.status.state == first.status.state && r.status.seq == first.status.seq &&
-        r.status.call == first.status.call)
-      alike.push_back(m);
-  }
-  const bool one = alike.size() == 1;
-  const std::string who = ranks_text(alike);
-  const std::string has = one ? "has" : "have";
-  const auto& s = first.status;
-  switch (s.state) {
-    case State::Outside: {
-      const std::string they = one ? "it has" : "they have";
-      const std::string outside =
-          fmt::format("{} not called {}: {} been outside the library for {}", has, this_call, they,
-                      seconds(s.since.count()));
-      std::string out;
-      if (s.call.empty()) {
-        out = fmt::format("{} {} and made no call yet", who, outside);
-      } else if (s.seq == 0) {  // no call on this group: its last call on another
-        out = fmt::format("{} {} since {}{} (no call on {} yet)", who, outside, s.call,
-                          first.failed ? " failed" : "", gname);
-      } else if (first.failed) {
-        out = fmt::format("{} {} since {} failed", who, outside, s.call);
-      } else {
-        out = fmt::format("{} {} since {} completed {}", who, outside, one ? "it" : "they", s.call);
-      }
-      if (call.kind == CallKind::ReducerStep && first.kind == CallKind::ReducerStep &&
-          first.group == call.group && s.seq < call.seq && !same.empty()) {
-        const std::uint64_t more = call.seq - s.seq;
-        out += fmt::format(
-            "; {} run{} {} Reducer step{} more than {}: the ranks ran different numbers of "
-            "steps (ranks with uneven data need ReducerOptions::uneven_inputs and "
-            "Reducer::join())",
-            ranks_text(same), same.size() == 1 ? "s" : "",
-            more == 1 ? std::string("one") : std::to_string(more), more == 1 ? "" : "s", who);
-      }
-      return out;
-    }
-    case State::InOtherCall: {
-      std::string out =
-          fmt::format("{} {} not called {}: {} in {} for {}", who, has, this_call,
-                      one ? "it waits" : "they wait", s.call, seconds(s.since.count()));
-      if (call.kind == CallKind::ReducerStep && first.kind == CallKind::ReducerStep)
-        out +=
-            "; the ranks ran different numbers of Reducer steps (ranks with uneven data need "
-            "ReducerOptions::uneven_inputs and Reducer::join())";
-      return out;
-    }
+  const Sides s = sides_of(replies, call, facts);
+  if (std::string other = different_collectives(s); !other.empty()) return other;
+  if (s.missing.empty()) return stalled(s);
+  const Absent a = absent_of(s);
+  switch (a.first.status.state) {
+    case State::Outside:
+      return outside_cause(s, a);
+    case State::InOtherCall:
+      return other_call_cause(s, a);
     case State::NoAnswer:
     case State::InThisCall:
       break;
@@ -388,13 +435,107 @@ std::string cause_of(const std::vector<Reply>& replies, const CallRef& call,
   return fmt::format(
       "{} did not answer within {} ms: {} dead, exited, unreachable, or blocked in "
       "MPI without {} progress thread",
-      who, config().diagnosis.count(), one ? "it is" : "they are", one ? "its" : "their");
+      a.who(), config().diagnosis.count(), a.one() ? "it is" : "they are",
+      a.one() ? "its" : "their");
 }
 
 }  // namespace
 
 void diagnosis_start() { diagnoser().start(); }
 void diagnosis_stop() { diagnoser().stop(); }
+
+namespace {
+
+// One diagnosis's messages: a query to every other rank of the group and a receive of its
+// answer, on the diagnosis communicator.
+struct Exchange {
+  std::vector<std::vector<std::byte>> buffers;  // the answers
+  std::vector<MPI_Request> recvs, sends;
+  std::vector<char> answered;
+  // On the heap: a query whose send does not complete is leaked with its request.
+  std::vector<std::byte> query_bytes = std::vector<std::byte>(kQueryWords * sizeof(std::int64_t));
+};
+
+// The query about `call`: {version, group id, seq (0: point to point), reply tag, kind, this
+// rank in world, dump}.
+std::array<std::int64_t, kQueryWords> query_of(const CallRef& call, int tag) {
+  int world_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  return {kVersion,
+          static_cast<std::int64_t>(call.group),
+          static_cast<std::int64_t>(call.kind == CallKind::PointToPoint ? 0 : call.seq),
+          tag,
+          static_cast<std::int64_t>(call.kind),
+          world_rank,
+          config().flight_recorder_dir.empty() ? 0 : 1};
+}
+
+void post_queries(const GroupState& g, MPI_Comm comm, int tag, Exchange& x) {
+  const std::size_t n = static_cast<std::size_t>(g.size);
+  x.buffers.resize(n);
+  x.recvs.assign(n, MPI_REQUEST_NULL);
+  x.sends.assign(n, MPI_REQUEST_NULL);
+  x.answered.assign(n, 0);
+  x.answered[static_cast<std::size_t>(g.rank)] = 1;
+  for (std::size_t r = 0; r < n; ++r) {
+    if (static_cast<int>(r) == g.rank) continue;
+    x.buffers[r].resize(kReplyBytes);
+    const int peer = g.world_ranks[r];
+    if (MPI_Irecv(x.buffers[r].data(), static_cast<int>(kReplyBytes), MPI_BYTE, peer, tag, comm,
+                  &x.recvs[r]) != MPI_SUCCESS)
+      x.recvs[r] = MPI_REQUEST_NULL;
+    if (MPI_Isend(x.query_bytes.data(), kQueryWords, MPI_INT64_T, peer, kQueryTag, comm,
+                  &x.sends[r]) != MPI_SUCCESS)
+      x.sends[r] = MPI_REQUEST_NULL;
+  }
+}
+
+// One pass over the answers not yet read; returns whether every rank has answered (or cannot).
+bool read_answers(Exchange& x, std::vector<Reply>& replies) {
+  bool all = true;
+  for (std::size_t r = 0; r < x.recvs.size(); ++r) {
+    if (x.answered[r] || x.recvs[r] == MPI_REQUEST_NULL) continue;
+    int done = 0;
+    MPI_Status status;
+    if (MPI_Test(&x.recvs[r], &done, &status) != MPI_SUCCESS) {
+      x.recvs[r] = MPI_REQUEST_NULL;
+      continue;
+    }
+    if (!done) {
+      all = false;
+      continue;
+    }
+    x.answered[r] = 1;
+    int bytes = 0;
+    MPI_Get_count(&status, MPI_BYTE, &bytes);
+    LocalStatus st;
+    if (decode_reply(x.buffers[r].data(), static_cast<std::size_t>(std::max(bytes, 0)), st))
+      replies[r] = reply_of(static_cast<int>(r), st);
+  }
+  return all;
+}
+
+// Late answers are never read (their receives cancelled); unfinished queries are leaked.
+void finish_exchange(Exchange& x) {
+  bool unfinished = false;
+  for (std::size_t r = 0; r < x.recvs.size(); ++r) {
+    if (x.recvs[r] != MPI_REQUEST_NULL && !x.answered[r]) {
+      MPI_Cancel(&x.recvs[r]);
+      MPI_Wait(&x.recvs[r], MPI_STATUS_IGNORE);
+    }
+    if (x.sends[r] != MPI_REQUEST_NULL) {
+      int done = 0;
+      MPI_Test(&x.sends[r], &done, MPI_STATUS_IGNORE);
+      if (!done) {
+        MPI_Request_free(&x.sends[r]);
+        unfinished = true;
+      }
+    }
+  }
+  if (unfinished) leak_buffer(std::move(x.query_bytes));
+}
+
+}  // namespace
 
 Diagnosis diagnose(const CallRef& call) {
   Diagnosis d;
@@ -405,82 +546,19 @@ Diagnosis diagnose(const CallRef& call) {
   // Asking from a thread other than the caller's (the watchdog) needs MPI_THREAD_MULTIPLE.
   if (!thread_multiple() && current_call().seq != call.seq) return d;
   const CallFacts facts = call_facts(call);
-  const std::size_t n = static_cast<std::size_t>(g->size);
-  std::vector<Reply> replies(n);
-  std::vector<std::vector<std::byte>> buffers(n);
-  std::vector<MPI_Request> recvs(n, MPI_REQUEST_NULL), sends(n, MPI_REQUEST_NULL);
-  const int tag = dg.next_reply_tag();
-  int world_rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-  // On the heap: a query whose send does not complete is leaked with its request.
-  std::vector<std::byte> query_bytes(kQueryWords * sizeof(std::int64_t));
-  const std::array<std::int64_t, kQueryWords> query{
-      kVersion,
-      static_cast<std::int64_t>(call.group),
-      static_cast<std::int64_t>(call.kind == CallKind::PointToPoint ? 0 : call.seq),
-      tag,
-      static_cast<std::int64_t>(call.kind),
-      world_rank,
-      config().flight_recorder_dir.empty() ? 0 : 1};
-  std::memcpy(query_bytes.data(), query.data(), query_bytes.size());
-  for (std::size_t r = 0; r < n; ++r) {
-    replies[r].status.rank = static_cast<int>(r);
-    if (static_cast<int>(r) == g->rank) continue;
-    buffers[r].resize(kReplyBytes);
-    const int peer = g->world_ranks[r];
-    if (MPI_Irecv(buffers[r].data(), static_cast<int>(kReplyBytes), MPI_BYTE, peer, tag, dg.comm(),
-                  &recvs[r]) != MPI_SUCCESS)
-      recvs[r] = MPI_REQUEST_NULL;
-    if (MPI_Isend(query_bytes.data(), kQueryWords, MPI_INT64_T, peer, kQueryTag, dg.comm(),
-                  &sends[r]) != MPI_SUCCESS)
-      sends[r] = MPI_REQUEST_NULL;
-  }
+  std::vector<Reply> replies(static_cast<std::size_t>(g->size));
+  for (std::size_t r = 0; r < replies.size(); ++r) replies[r].status.rank = static_cast<int>(r);
+  Exchange x;
+  const auto query = query_of(call, dg.next_reply_tag());
+  std::memcpy(x.query_bytes.data(), query.data(), x.query_bytes.size());
+  post_queries(*g, dg.comm(), static_cast<int>(query[3]), x);
   // This rank's own answer.
   replies[static_cast<std::size_t>(g->rank)] =
       reply_of(g->rank, local_status(call.group, query[2] == 0 ? 0 : call.seq));
   const auto until = std::chrono::steady_clock::now() + config().diagnosis;
-  std::vector<char> answered(n, 0);
-  answered[static_cast<std::size_t>(g->rank)] = 1;
-  for (;;) {
-    bool all = true;
-    for (std::size_t r = 0; r < n; ++r) {
-      if (answered[r] || recvs[r] == MPI_REQUEST_NULL) continue;
-      int done = 0;
-      MPI_Status status;
-      if (MPI_Test(&recvs[r], &done, &status) != MPI_SUCCESS) {
-        recvs[r] = MPI_REQUEST_NULL;
-        continue;
-      }
-      if (!done) {
-        all = false;
-        continue;
-      }
-      answered[r] = 1;
-      int bytes = 0;
-      MPI_Get_count(&status, MPI_BYTE, &bytes);
-      LocalStatus st;
-      if (decode_reply(buffers[r].data(), static_cast<std::size_t>(std::max(bytes, 0)), st))
-        replies[r] = reply_of(static_cast<int>(r), st);
-    }
-    if (all || std::chrono::steady_clock::now() >= until) break;
+  while (!read_answers(x, replies) && std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(std::chrono::microseconds(500));
-  }
-  bool unfinished = false;
-  for (std::size_t r = 0; r < n; ++r) {
-    if (recvs[r] != MPI_REQUEST_NULL && !answered[r]) {
-      MPI_Cancel(&recvs[r]);
-      MPI_Wait(&recvs[r], MPI_STATUS_IGNORE);
-    }
-    if (sends[r] != MPI_REQUEST_NULL) {
-      int done = 0;
-      MPI_Test(&sends[r], &done, MPI_STATUS_IGNORE);
-      if (!done) {
-        MPI_Request_free(&sends[r]);
-        unfinished = true;
-      }
-    }
-  }
-  if (unfinished) leak_buffer(std::move(query_bytes));
+  finish_exchange(x);
   d.cause = cause_of(replies, call, facts);
   for (const Reply& r : replies) {
     d.details += fmt::format(

@@ -89,8 +89,9 @@ class Recorder {
   std::vector<Active> active;
   std::unordered_map<std::uint64_t, GroupEntry> groups;
   std::uint64_t new_groups = 0;
-  std::int64_t last_exit = 0;  // when a thread last left the library
-  CallInfo last_call;          // the last call that ended, any group
+  std::int64_t last_exit = 0;        // when a thread last left the library
+  std::int64_t last_group_made = 0;  // when the last group joined the record (init, new_group)
+  CallInfo last_call;                // the last call that ended, any group
   bool last_call_failed = false;
   std::atomic<std::uint64_t> cost_calls{0}, cost_ns{0};
 
@@ -102,6 +103,15 @@ class Recorder {
     return s.info.ref.seq == r.seq && s.info.ref.group == r.group && s.info.ref.kind == r.kind
                ? &s
                : nullptr;
+  }
+
+  // Call `seq` of `group` (not point to point) in the ring, or null.
+  const Slot* collective_slot(std::uint64_t group, std::uint64_t seq) const {
+    for (const Slot& s : ring)
+      if (s.info.ref.group == group && s.info.ref.seq == seq &&
+          s.info.ref.kind != CallKind::PointToPoint)
+        return &s;
+    return nullptr;
   }
 
   CallRef begin(GroupState& g, std::string_view op, CallKind kind, const CallSummary& sum,
@@ -216,6 +226,178 @@ const char* kind_name(CallKind k) {
       return "reducer_step";
   }
   return "collective";
+}
+
+std::int64_t ms_since(std::int64_t now, std::int64_t since) {
+  return since > 0 ? (now - since) / 1000000 : 0;
+}
+
+// This rank is in `info`'s call (InThisCall or InOtherCall). Under the recorder's lock.
+LocalStatus status_in(Recorder& r, const CallInfo& info, RankStatus::State state,
+                      std::int64_t now) {
+  LocalStatus st;
+  st.state = static_cast<int>(state);
+  st.seq = info.ref.seq;
+  st.call = describe_locked(r, info);
+  st.op = info.op.data();
+  st.since_ms = ms_since(now, info.entered);
+  st.kind = info.ref.kind;
+  st.group = info.ref.group;
+  return st;
+}
+
+// This rank is outside the library: after its last call on `group`, else after its last call
+// on any group (seq 0), else having made none (since init or its last new group, the last time
+// it was inside the library). Under the recorder's lock.
+LocalStatus status_outside(Recorder& r, std::uint64_t group, std::int64_t now) {
+  LocalStatus st;
+  st.state = static_cast<int>(RankStatus::State::Outside);
+  st.since_ms = ms_since(now, r.last_exit != 0 ? r.last_exit : r.last_group_made);
+  auto g = r.groups.find(group);
+  const bool on_group = g != r.groups.end() && g->second.last.ref;
+  if (!on_group && !r.last_call.ref) return st;
+  const CallInfo& last = on_group ? g->second.last : r.last_call;
+  st.seq = on_group ? last.ref.seq : 0;
+  st.call = describe_locked(r, last);
+  st.op = last.op.data();
+  st.kind = last.ref.kind;
+  st.group = last.ref.group;
+  st.failed = on_group ? g->second.last_failed : r.last_call_failed;
+  return st;
+}
+
+// ---- the dump ----
+
+int world_rank() {
+  int rank = -1, initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+// The automatic dump (TD_FLIGHT_RECORDER_DIR) was written: by an incident, or by
+// td::dump_flight_recorder to the same file.
+std::atomic<bool> g_dir_dump_written{false};
+
+// <TD_FLIGHT_RECORDER_DIR>/rank-<world rank>.json, or empty without the setting.
+std::filesystem::path dir_dump_path() {
+  const std::string& dir = config().flight_recorder_dir;
+  if (dir.empty()) return {};
+  return std::filesystem::path(dir) / fmt::format("rank-{}.json", world_rank());
+}
+
+// td::dump_flight_recorder wrote `file`: when that is this rank's automatic dump, it counts as
+// it, and a later incident (td::abort, a timeout) does not replace the file the program wrote.
+void note_explicit_dump(const std::filesystem::path& file) {
+  const std::filesystem::path own = dir_dump_path();
+  std::error_code ec;
+  if (!own.empty() && std::filesystem::equivalent(file, own, ec)) g_dir_dump_written = true;
+}
+
+// Who wrote the dump, where, when and why.
+nlohmann::json process_json(std::string_view reason) {
+  int world_size = 0, initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  std::array<char, 256> host{};
+  gethostname(host.data(), host.size() - 1);
+  nlohmann::json doc;
+  doc["format"] = "tensordict-mpi flight recorder";
+  doc["version"] = 1;
+  doc["rank"] = world_rank();
+  doc["world_size"] = world_size;
+  doc["host"] = host.data();
+  doc["pid"] = static_cast<long long>(getpid());
+  doc["reason"] = std::string(reason);
+  doc["time_unit"] = "ns since the Unix epoch";
+  doc["dumped_at"] = now_ns();
+  return doc;
+}
+
+// The groups: id, name, members, this rank in it, next sequence numbers. Under the lock.
+nlohmann::json groups_json(const Recorder& r) {
+  nlohmann::json groups = nlohmann::json::array();
+  for (const auto& [id, g] : r.groups) {
+    auto st = g.state.lock();
+    groups.push_back({{"id", id},
+                      {"name", g.name},
+                      {"world_ranks", g.world_ranks},
+                      {"rank", st ? st->rank : -1},
+                      {"next_seq", st ? st->seq.load() + 1 : 0},
+                      {"next_p2p_seq", st ? st->p2p_seq.load() + 1 : 0}});
+  }
+  return groups;
+}
+
+const char* state_of(const Slot& s) {
+  if (s.failed) return "failed";
+  if (s.finished != 0) return "completed";
+  if (s.data_started != 0) return "moving data";
+  if (s.agreed != 0) return "agreed";
+  return "entered";
+}
+
+nlohmann::json entry_json(const Slot& s) {
+  using nlohmann::json;
+  json dtypes = json::array();
+  for (std::size_t d = 0; d < kNumDTypes; ++d)
+    if (s.dtype_mask & (1u << d)) dtypes.push_back(name(static_cast<DType>(d)));
+  return {{"seq", s.info.ref.seq},
+          {"group", s.info.ref.group},
+          {"kind", kind_name(s.info.ref.kind)},
+          {"op", s.info.op.data()},
+          {"first_key", s.info.key.data()},
+          {"leaves", s.info.leaves},
+          {"bytes", s.info.bytes},
+          {"dtypes", std::move(dtypes)},
+          {"root", s.root},
+          {"reduce_op",
+           s.reduce_op >= 0 ? json(name(static_cast<ReduceOp>(s.reduce_op))) : json(nullptr)},
+          {"bucket_bytes", s.bucket_bytes},
+          {"async", s.async},
+          {"state", state_of(s)},
+          {"pending_operations", s.pending},
+          {"t_entered", s.info.entered},
+          {"t_agreed", s.agreed},
+          {"t_data_started", s.data_started},
+          {"t_returned", s.returned},
+          {"t_finished", s.finished}};
+}
+
+// The ring, oldest first. Under the lock.
+nlohmann::json entries_json(const Recorder& r) {
+  nlohmann::json entries = nlohmann::json::array();
+  const std::uint64_t n = std::min<std::uint64_t>(r.written, r.ring.size());
+  for (std::uint64_t i = r.written - n; i < r.written; ++i)
+    entries.push_back(entry_json(r.ring[i % r.ring.size()]));
+  return entries;
+}
+
+// The calls this process's threads are inside. Under the lock.
+nlohmann::json inside_json(const Recorder& r) {
+  nlohmann::json inside = nlohmann::json::array();
+  for (const Active& a : r.active)
+    inside.push_back({{"group", a.info.ref.group},
+                      {"seq", a.info.ref.seq},
+                      {"kind", kind_name(a.info.ref.kind)},
+                      {"op", a.info.op.data()},
+                      {"t_entered", a.info.entered}});
+  return inside;
+}
+
+// Written to a temporary beside `file`, then renamed: a reader never sees half a dump.
+void write_json_file(const std::filesystem::path& file, const nlohmann::json& doc) {
+  const std::filesystem::path tmp = file.string() + ".tmp";
+  {
+    std::ofstream out(tmp);
+    if (!out) throw Error(fmt::format("dump_flight_recorder: cannot write '{}'", tmp.string()));
+    out << doc.dump(1) << '\n';
+    if (!out.flush())
+      throw Error(fmt::format("dump_flight_recorder: writing '{}' failed", tmp.string()));
+  }
+  std::filesystem::rename(tmp, file);
 }
 
 }  // namespace
@@ -376,6 +558,7 @@ void register_group(const std::shared_ptr<GroupState>& g, const GroupState* pare
     g->name = what.empty() ? fmt::format("group {}", ++r.new_groups)
                            : fmt::format("{} (copy {} of {})", what, n, parent->name);
   }
+  r.last_group_made = now_ns();
   GroupEntry& e = r.groups[g->id];
   e.state = g;
   e.name = g->name;
@@ -386,73 +569,34 @@ LocalStatus local_status(std::uint64_t group, std::uint64_t seq) {
   using State = RankStatus::State;
   Recorder& r = recorder();
   const std::int64_t t = now_ns();
-  auto ms = [&](std::int64_t since) { return since > 0 ? (t - since) / 1000000 : 0; };
   std::lock_guard lock(r.mu);
-  LocalStatus st;
-  // The call asked about, if this rank entered it and it has not finished here.
-  bool in_ring = false;
+  // Whether this rank completed the call asked about, wherever it is now.
+  bool completed = false;
   if (seq != 0) {
-    for (const Slot& s : r.ring) {
-      if (s.info.ref.group != group || s.info.ref.seq != seq ||
-          s.info.ref.kind == CallKind::PointToPoint)
-        continue;
-      in_ring = true;
-      // Completed here: report where the rank is now. Failed here (its own timeout, an error):
-      // it did call it, and its timeout and diagnosis may just have run before the asking
-      // rank's; still reported as in this call, so that every rank sees the same picture.
-      if (s.finished != 0 && !s.failed) {
-        st.completed = true;
-        break;
-      }
-      st.state = static_cast<int>(State::InThisCall);
-      st.seq = seq;
-      st.call = describe_locked(r, s.info);
-      st.op = s.info.op.data();
-      st.since_ms = ms(s.info.entered);
-      st.kind = s.info.ref.kind;
-      st.group = group;
-      return st;
+    if (const Slot* s = r.collective_slot(group, seq)) {
+      // Failed here (its own timeout, an error): it did call it, and its timeout and diagnosis
+      // may just have run before the asking rank's; still reported as in this call, so that
+      // every rank sees the same picture. Completed here: where the rank is now, below.
+      if (s->finished == 0 || s->failed) return status_in(r, s->info, State::InThisCall, t);
+      completed = true;
+    } else {
+      // Gone from the ring: a later call on the group ended here, so this one did before it.
+      auto g = r.groups.find(group);
+      completed = g != r.groups.end() && g->second.last.ref.seq > seq;
     }
   }
-  // Gone from the ring: a later call on the group ended here, so this one did before it.
-  if (seq != 0 && !in_ring) {
-    auto g = r.groups.find(group);
-    st.completed = g != r.groups.end() && g->second.last.ref.seq > seq;
+  LocalStatus st;
+  if (!r.active.empty()) {  // inside the library on behalf of a call (the oldest, if several)
+    const Active& oldest = *std::min_element(
+        r.active.begin(), r.active.end(),
+        [](const Active& a, const Active& b) { return a.info.entered < b.info.entered; });
+    const bool same = oldest.info.ref.group == group && oldest.info.ref.seq == seq &&
+                      oldest.info.ref.kind != CallKind::PointToPoint;
+    st = status_in(r, oldest.info, same ? State::InThisCall : State::InOtherCall, t);
+  } else {
+    st = status_outside(r, group, t);
   }
-  // Inside the library on behalf of another call (the oldest, if several threads are).
-  if (!r.active.empty()) {
-    const Active* oldest = &r.active.front();
-    for (const Active& a : r.active)
-      if (a.info.entered < oldest->info.entered) oldest = &a;
-    const bool same = oldest->info.ref.group == group && oldest->info.ref.seq == seq &&
-                      oldest->info.ref.kind != CallKind::PointToPoint;
-    st.state = static_cast<int>(same ? State::InThisCall : State::InOtherCall);
-    st.seq = oldest->info.ref.seq;
-    st.call = describe_locked(r, oldest->info);
-    st.op = oldest->info.op.data();
-    st.since_ms = ms(oldest->info.entered);
-    st.kind = oldest->info.ref.kind;
-    st.group = oldest->info.ref.group;
-    return st;
-  }
-  st.state = static_cast<int>(State::Outside);
-  st.since_ms = ms(r.last_exit);
-  auto g = r.groups.find(group);
-  if (g != r.groups.end() && g->second.last.ref) {
-    const CallInfo& last = g->second.last;
-    st.seq = last.ref.seq;
-    st.call = describe_locked(r, last);
-    st.op = last.op.data();
-    st.kind = last.ref.kind;
-    st.group = group;
-    st.failed = g->second.last_failed;
-  } else if (r.last_call.ref) {
-    st.call = describe_locked(r, r.last_call);  // no call on this group yet: the last of any
-    st.op = r.last_call.op.data();
-    st.kind = r.last_call.ref.kind;
-    st.group = r.last_call.ref.group;
-    st.failed = r.last_call_failed;
-  }
+  st.completed = completed;
   return st;
 }
 
@@ -490,114 +634,28 @@ RecorderCost recorder_cost() {
 }
 
 void write_flight_record(const std::filesystem::path& file, std::string_view reason) {
-  using nlohmann::json;
   Recorder& r = recorder();
-  json doc;
-  doc["format"] = "tensordict-mpi flight recorder";
-  doc["version"] = 1;
-  int world_rank = -1, world_size = 0, initialized = 0, finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  if (initialized && !finalized) {
-    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
-  }
-  std::array<char, 256> host{};
-  gethostname(host.data(), host.size() - 1);
-  doc["rank"] = world_rank;
-  doc["world_size"] = world_size;
-  doc["host"] = host.data();
-  doc["pid"] = static_cast<long long>(getpid());
-  doc["reason"] = std::string(reason);
-  doc["time_unit"] = "ns since the Unix epoch";
-  doc["dumped_at"] = now_ns();
-  auto state_of = [](const Slot& s) {
-    if (s.failed) return "failed";
-    if (s.finished != 0) return "completed";
-    if (s.data_started != 0) return "moving data";
-    if (s.agreed != 0) return "agreed";
-    return "entered";
-  };
+  nlohmann::json doc = process_json(reason);
   {
     std::lock_guard lock(r.mu);
     doc["capacity"] = r.ring.size();
-    json groups = json::array();
-    for (const auto& [id, g] : r.groups) {
-      auto st = g.state.lock();
-      groups.push_back({{"id", id},
-                        {"name", g.name},
-                        {"world_ranks", g.world_ranks},
-                        {"rank", st ? st->rank : -1},
-                        {"next_seq", st ? st->seq.load() + 1 : 0},
-                        {"next_p2p_seq", st ? st->p2p_seq.load() + 1 : 0}});
-    }
-    doc["groups"] = std::move(groups);
-    json entries = json::array();
-    const std::uint64_t n = std::min<std::uint64_t>(r.written, r.ring.size());
-    for (std::uint64_t i = r.written - n; i < r.written; ++i) {
-      const Slot& s = r.ring[i % r.ring.size()];
-      json dtypes = json::array();
-      for (std::size_t d = 0; d < kNumDTypes; ++d)
-        if (s.dtype_mask & (1u << d)) dtypes.push_back(name(static_cast<DType>(d)));
-      json e = {{"seq", s.info.ref.seq},
-                {"group", s.info.ref.group},
-                {"kind", kind_name(s.info.ref.kind)},
-                {"op", s.info.op.data()},
-                {"first_key", s.info.key.data()},
-                {"leaves", s.info.leaves},
-                {"bytes", s.info.bytes},
-                {"dtypes", std::move(dtypes)},
-                {"root", s.root},
-                {"reduce_op",
-                 s.reduce_op >= 0 ? json(name(static_cast<ReduceOp>(s.reduce_op))) : json(nullptr)},
-                {"bucket_bytes", s.bucket_bytes},
-                {"async", s.async},
-                {"state", state_of(s)},
-                {"pending_operations", s.pending},
-                {"t_entered", s.info.entered},
-                {"t_agreed", s.agreed},
-                {"t_data_started", s.data_started},
-                {"t_returned", s.returned},
-                {"t_finished", s.finished}};
-      entries.push_back(std::move(e));
-    }
-    doc["entries"] = std::move(entries);
-    json inside = json::array();
-    for (const Active& a : r.active)
-      inside.push_back({{"group", a.info.ref.group},
-                        {"seq", a.info.ref.seq},
-                        {"kind", kind_name(a.info.ref.kind)},
-                        {"op", a.info.op.data()},
-                        {"t_entered", a.info.entered}});
-    doc["in_library"] = std::move(inside);
+    doc["groups"] = groups_json(r);
+    doc["entries"] = entries_json(r);
+    doc["in_library"] = inside_json(r);
     doc["t_last_left_library"] = r.last_exit;
   }
-  const std::filesystem::path tmp = file.string() + ".tmp";
-  {
-    std::ofstream out(tmp);
-    if (!out) throw Error(fmt::format("dump_flight_recorder: cannot write '{}'", tmp.string()));
-    out << doc.dump(1) << '\n';
-    if (!out.flush())
-      throw Error(fmt::format("dump_flight_recorder: writing '{}' failed", tmp.string()));
-  }
-  std::filesystem::rename(tmp, file);
+  write_json_file(file, doc);
 }
 
 void dump_to_dir(std::string_view reason, bool always) noexcept {
   try {
-    const std::string& dir = config().flight_recorder_dir;
-    if (dir.empty()) return;
-    static std::atomic<bool> written{false};
-    if (written.exchange(true) && !always) return;
-    int rank = -1, initialized = 0, finalized = 0;
-    MPI_Initialized(&initialized);
-    MPI_Finalized(&finalized);
-    if (initialized && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    std::filesystem::create_directories(dir);
-    const auto file = std::filesystem::path(dir) / fmt::format("rank-{}.json", rank);
+    const std::filesystem::path file = dir_dump_path();
+    if (file.empty()) return;
+    if (g_dir_dump_written.exchange(true) && !always) return;
+    std::filesystem::create_directories(file.parent_path());
     write_flight_record(file, reason);
-    std::fprintf(stderr, "[td rank %d] flight recorder written to %s (%.*s)\n", rank, file.c_str(),
-                 static_cast<int>(reason.size()), reason.data());
+    std::fprintf(stderr, "[td rank %d] flight recorder written to %s (%.*s)\n", world_rank(),
+                 file.c_str(), static_cast<int>(reason.size()), reason.data());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "[td] could not write the flight recorder: %s\n", e.what());
   } catch (...) {  // NOLINT(bugprone-empty-catch): never fails the caller
@@ -610,6 +668,7 @@ namespace td {
 
 void dump_flight_recorder(const std::filesystem::path& file) {
   detail::write_flight_record(file, "td::dump_flight_recorder");
+  detail::note_explicit_dump(file);
 }
 
 }  // namespace td

@@ -134,7 +134,8 @@ void write_flight_record(const std::filesystem::path& file, std::string_view rea
 /// With TD_FLIGHT_RECORDER_DIR set: writes <dir>/rank-<world rank>.json; never throws. An
 /// automatic dump (a timeout, td::abort, a diagnosis query) is written once per process: the
 /// first incident is the moment the other ranks were asked about, and a later td::abort must
-/// not replace it; `always` (SIGUSR1) writes every time.
+/// not replace it; `always` (SIGUSR1) writes every time. td::dump_flight_recorder(file) counts
+/// as that dump only when `file` is that same file.
 void dump_to_dir(std::string_view reason, bool always = false) noexcept;
 
 /// Time spent recording, for the cost figure: calls recorded and nanoseconds inside the recorder.

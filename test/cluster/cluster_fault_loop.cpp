@@ -11,9 +11,9 @@
 // td::TimeoutError, each rank checks every leaf: it must hold `old` everywhere (its bucket never
 // completed) or `old * size` everywhere (it did), never a mix. The rank prints one verdict line
 //   cluster fault: rank R on HOST: TimeoutError at step S after M ms; leaves old=A new=B mixed=C;
-//   no answer from ranks L: ok
+//   no answer from ranks L; in this call ranks M: ok
 // (L: the ranks the error's diagnosis lists as NoAnswer, comma-separated; "-" none, "?" no
-// diagnosis)
+// diagnosis; M: those it lists as InThisCall, "-" none)
 // ("FAILED" instead of "ok" if a leaf is mixed or the error came late), then ends the job
 // with td::abort.
 //
@@ -21,7 +21,7 @@
 // - in the agreement (before any data moves): the call throws td::TimeoutError at its deadline,
 //   every leaf must still hold `old`, and the rank prints
 //     cluster fault: rank R on HOST: TimeoutError in the agreement at step S after M ms; leaves
-//     old=A new=B mixed=C; no answer from ranks L: ok
+//     old=A new=B mixed=C; no answer from ranks L; in this call ranks M: ok
 //   then ends the job with td::abort, as in async mode;
 // - in the data phase (a blocking MPI call): the library's watchdog prints
 //     [td rank R] aborting the job: td::TimeoutError: TensorDict.all_reduce ... the watchdog
@@ -200,19 +200,25 @@ int main(int argc, char** argv) {
       const bool ok = leaves_ok && in_time;
       // The diagnosis (issue 29): the ranks that did not answer, "-" if every rank did, "?" if
       // there was none. The script checks they are the cut host's ranks.
-      std::string silent;
-      for (const td::RankStatus& st : e.diagnosis())
+      // And the ranks it found in this very call ("-" none): the script checks they are all
+      // the others.
+      std::string silent, inside;
+      for (const td::RankStatus& st : e.diagnosis()) {
         if (st.state == td::RankStatus::State::NoAnswer)
           silent += (silent.empty() ? "" : ",") + std::to_string(st.rank);
+        if (st.state == td::RankStatus::State::InThisCall)
+          inside += (inside.empty() ? "" : ",") + std::to_string(st.rank);
+      }
       if (silent.empty()) silent = e.diagnosis().empty() ? "?" : "-";
+      if (inside.empty()) inside = "-";
       std::string what = e.what();
       if (what.size() > 200) what = what.substr(0, 200) + "...";
       std::printf(
           "cluster fault: rank %d on %s: TimeoutError%s at step %lld after %lld ms; leaves old=%d "
-          "new=%d mixed=%d%s; no answer from ranks %s: %s\n  (%s)\n",
+          "new=%d mixed=%d%s; no answer from ranks %s; in this call ranks %s: %s\n  (%s)\n",
           rank, host, opt.sync ? " in the agreement" : "", static_cast<long long>(step),
           static_cast<long long>(ms), counts[0], counts[1], counts[2], mixed.c_str(),
-          silent.c_str(), ok ? "ok" : "FAILED", what.c_str());
+          silent.c_str(), inside.c_str(), ok ? "ok" : "FAILED", what.c_str());
       std::fflush(stdout);
       // Give the other ranks' verdicts time to reach mpirun before the job is torn down.
       std::this_thread::sleep_for(std::chrono::seconds(2));

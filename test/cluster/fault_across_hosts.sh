@@ -7,7 +7,8 @@
 # MODE link: VICTIM's link is taken down (from the bridge side, as a pulled cable). Every rank on
 #   the other hosts (SURVIVORS of them) must print an "ok" verdict (td::TimeoutError, every leaf
 #   wholly old or wholly new) within BOUND_S seconds of the fault, whose diagnosis lists exactly
-#   VICTIM's ranks as not answering. The link is then restored,
+#   VICTIM's ranks as not answering and every other rank as in this call. The link is then
+#   restored,
 #   and the job must end (the survivors' td::abort) within 60 s more.
 # MODE kill: VICTIM's ranks are killed (SIGKILL). The job must end with a non-zero status within
 #   BOUND_S seconds; any verdict printed meanwhile must be "ok".
@@ -15,7 +16,7 @@
 # Whatever happens, the hosts are left without processes and with their links up.
 set -uo pipefail
 if [[ $# -lt 9 || $8 != -- ]]; then
-  sed -n '2,17s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
+  sed -n '2,18s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
   exit 2
 fi
 mode=$1 victim=$2 hosts=$3 ranks=$4 survivors=$5 timeout_ms=$6 bound_s=$7
@@ -114,17 +115,28 @@ cat "$out"
 if grep -q "FAILED" "$out"; then fail "a rank reported a failure"; fi
 bad=$(verdicts | grep -cv ': ok$' || true)
 (( bad == 0 )) || fail "$bad verdict(s) not ok"
-# A cut link: every survivor's diagnosis names exactly the cut host's ranks as not answering.
+# A cut link: every survivor's diagnosis names exactly the cut host's ranks as not answering,
+# and every other rank as in this call (the survivors all wait in the same step).
 if [[ $mode == link ]]; then
-  expected=$(grep -oE "cluster fault: rank [0-9]+ runs on $victim_name\$" "$out" |
-    grep -oE 'rank [0-9]+' | grep -oE '[0-9]+' | sort -n | paste -sd, -)
+  ranks_on() {  # ranks_on PATTERN: the ranks whose host matches, comma-separated
+    grep -oE "cluster fault: rank [0-9]+ runs on $1\$" "$out" |
+      grep -oE 'rank [0-9]+' | grep -oE '[0-9]+' | sort -n | paste -sd, -
+  }
+  expected=$(ranks_on "$victim_name")
   [[ -n $expected ]] || fail "no rank said it runs on $victim_name"
+  others=$(grep -oE "cluster fault: rank [0-9]+ runs on .*" "$out" | grep -v " on $victim_name\$" |
+    grep -oE 'rank [0-9]+' | grep -oE '[0-9]+' | sort -n | paste -sd, -)
   while read -r line; do
-    silent=$(sed -nE 's/.*; no answer from ranks ([-?0-9,]+): ok$/\1/p' <<<"$line")
+    silent=$(sed -nE 's/.*; no answer from ranks ([-?0-9,]+); in this call ranks [-0-9,]+: ok$/\1/p' <<<"$line")
+    inside=$(sed -nE 's/.*; in this call ranks ([-0-9,]+): ok$/\1/p' <<<"$line")
     [[ $silent == "$expected" ]] ||
       fail "a survivor's diagnosis lists ranks '${silent:-(none)}' as not answering, expected" \
         "$expected (the ranks on $victim_name): $line"
+    [[ $inside == "$others" ]] ||
+      fail "a survivor's diagnosis lists ranks '${inside:-(none)}' in this call, expected" \
+        "$others (the ranks not on $victim_name): $line"
   done < <(verdicts)
-  echo "diagnosis: every survivor names ranks $expected (on $victim_name) as not answering"
+  echo "diagnosis: every survivor names ranks $expected (on $victim_name) as not answering" \
+    "and ranks $others as in this call"
 fi
 echo "PASS"
