@@ -491,6 +491,53 @@ TEST_CASE("reducer: FP16 AVG divides before summing, so large gradients do not o
   CHECK(std::abs(v - 60000.0F) <= 60000.0F * 0.002F);
 }
 
+TEST_CASE("without the progress thread, mark_ready moves launched buckets along",
+          "[reducer][progress]") {
+  // Bucket 0 is "a"; bucket 1 holds 200 one-element leaves, marked one by one (a backward pass).
+  // Without a progress thread in the process (TD_PROGRESS_THREAD=0, the default across hosts:
+  // test_mpi_reducer.no_progress_thread), nothing but the library's own calls advances a
+  // nonblocking collective, so bucket 0 must complete during the later mark_ready calls, not
+  // only in finish(): "a" (a view of its storage, reduced in place) holds the sum before the
+  // last leaf is marked. (With the thread running, it drives Open MPI's progress itself.)
+  const int rank = td::get_rank();
+  const auto n = static_cast<float>(td::get_world_size());
+  const bool was = td::async_progress_enabled();
+  td::set_async_progress(false);
+  TensorDict g;
+  g.set("a", Tensor::full<float>({512}, 1.f + static_cast<float>(rank)));
+  std::vector<std::string> small;
+  for (int i = 0; i < 200; ++i) {
+    std::string name = std::to_string(1000 + i);  // "c000" to "c199": canonical order
+    name[0] = 'c';
+    small.push_back(name);
+    g.set(small.back(), Tensor::full<float>({1}, 1.f));
+  }
+  const float sum = n * (n + 1) / 2;  // 1 + 2 + ... + n
+  {
+    Reducer r(g, {.op = ReduceOp::SUM, .bucket_bytes = 2048, .ready_order = {"a"}});
+    REQUIRE(r.num_buckets() == 2);
+    r.mark_ready("a");
+    std::size_t marked_when_done = small.size();
+    for (std::size_t i = 0; i + 1 < small.size(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      r.mark_ready(small[i]);
+      if (g.get("a").to_vector<float>() == std::vector<float>(512, sum)) {
+        marked_when_done = i + 1;
+        break;
+      }
+    }
+    INFO("bucket 0 held its sum after " << marked_when_done << " of " << small.size()
+                                        << " leaves of bucket 1 were marked");
+    CHECK(marked_when_done < small.size());
+    for (std::size_t i = std::min(marked_when_done, small.size() - 1); i < small.size(); ++i)
+      r.mark_ready(small[i]);
+    r.finish();
+    CHECK(g.get("a").to_vector<float>() == std::vector<float>(512, sum));
+    CHECK(g.get("c199").to_vector<float>() == std::vector<float>(1, n));
+  }
+  td::set_async_progress(was);
+}
+
 TEST_CASE("set_async_progress toggled between two mark_ready calls keeps the bucket order",
           "[reducer][progress]") {
   // Two float buckets of one leaf each ("a" is bucket 0, "b" bucket 1 in ready order a, b):

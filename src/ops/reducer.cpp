@@ -6,6 +6,7 @@
 #include "tensordict/reducer.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <exception>
 #include <optional>
@@ -127,6 +128,8 @@ struct Reducer::Impl {
   std::vector<Bucket> buckets;
   std::unordered_map<std::string, std::vector<std::size_t>> members;  // key -> leaves
   std::size_t next = 0;  // first bucket not launched in this step
+  std::size_t poked = 0;  // first launched bucket not seen complete by poke_in_flight
+  std::chrono::steady_clock::time_point last_poke{};
   bool in_step = false;
   // Whether this step's buckets go to the progress thread, decided once per step: buckets must
   // be posted in bucket order on every rank, and a bucket queued on the thread is posted only
@@ -334,6 +337,25 @@ struct Reducer::Impl {
     if (!launched.empty()) detail::progress_add(launched, mode);
   }
 
+  // Without the progress thread nothing advances the launched buckets between the caller's
+  // library calls: libnbc's nonblocking collectives take a step only inside an MPI call, and a
+  // node-aware bucket posts its next stage only once its previous one is seen complete. So the
+  // backward pass's mark_ready calls give them a turn, at most once per 100 us: a test of the
+  // launched buckets in order, up to the first one still in flight (one MPI_Testall runs Open
+  // MPI's progress for all of them). Its failures stay in the bucket's Work, for finish().
+  void poke_in_flight() {
+    if (step_on_thread || poked >= next) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_poke < std::chrono::microseconds(100)) return;
+    last_poke = now;
+    if (flag.work && !flag.work->test()) return;
+    while (poked < next) {
+      const auto& w = buckets[poked].work;
+      if (w && !w->test()) return;
+      ++poked;
+    }
+  }
+
   void warn_stale_handles() {
     std::vector<std::string> keys;
     for (std::size_t i = 0; i < old_storage.size(); ++i)
@@ -480,6 +502,7 @@ struct Reducer::Impl {
     }
     flag.work.reset();
     next = 0;
+    poked = 0;
     in_step = false;
     layout_error.clear();
   }
@@ -664,6 +687,7 @@ void Reducer::mark_ready(const Key& key) {
     if (l.bucket != kNoBucket) --m.buckets[l.bucket].pending;
   }
   m.launch_ready();
+  m.poke_in_flight();
 }
 
 void Reducer::finish() {
