@@ -127,7 +127,7 @@ struct Reducer::Impl {
   std::vector<Leaf> leaves;  // canonical order
   std::vector<Bucket> buckets;
   std::unordered_map<std::string, std::vector<std::size_t>> members;  // key -> leaves
-  std::size_t next = 0;  // first bucket not launched in this step
+  std::size_t next = 0;   // first bucket not launched in this step
   std::size_t poked = 0;  // first launched bucket not seen complete by poke_in_flight
   std::chrono::steady_clock::time_point last_poke{};
   bool in_step = false;
