@@ -239,6 +239,40 @@ TEST_CASE("consolidate keeps an alias of an empty leaf empty", "[tensordict]") {
   CHECK(z.get("y").shape() == td::Shape{0, 5});
 }
 
+TEST_CASE("the cached canonical order follows changes made through a sub-dict's reference",
+          "[tensordict]") {
+  // The order is cached by the root and checked against every sub-dict's version; these change
+  // the tree below the root without calling the root.
+  const auto f32 = td::DType::Float32;
+  TensorDict d;
+  d.set(Key({"a", "x"}), Tensor::zeros({1}, f32));
+  d.set(Key({"b", "y"}), Tensor::zeros({1}, f32));
+  d.set(Key({"b", "c", "z"}), Tensor::zeros({1}, f32));
+  auto keys_of = [](const TensorDict& t) {
+    const auto leaves = t.canonical_leaves();
+    std::vector<Key> out;
+    out.reserve(leaves.size());
+    for (const auto& [k, v] : leaves) out.push_back(k);
+    return out;
+  };
+  CHECK(keys_of(d) == std::vector<Key>{Key({"a", "x"}), Key({"b", "c", "z"}), Key({"b", "y"})});
+  TensorDict& c = d.get_dict(Key({"b", "c"}));  // two levels down
+  c.set("w", Tensor::zeros({1}, f32));
+  CHECK(keys_of(d) == std::vector<Key>{Key({"a", "x"}), Key({"b", "c", "w"}), Key({"b", "c", "z"}),
+                                       Key({"b", "y"})});
+  d.get_dict("b").erase("y");
+  CHECK(keys_of(d) ==
+        std::vector<Key>{Key({"a", "x"}), Key({"b", "c", "w"}), Key({"b", "c", "z"})});
+  TensorDict other;
+  other.set("q", Tensor::zeros({1}, f32));
+  d.get_dict("a") = other;  // a sub-dict replaced in place, through its reference
+  CHECK(keys_of(d) ==
+        std::vector<Key>{Key({"a", "q"}), Key({"b", "c", "w"}), Key({"b", "c", "z"})});
+  TensorDict taken = std::move(d.get_dict(Key({"b", "c"})));  // moved out: the entry is empty
+  CHECK(taken.contains("w"));
+  CHECK_THROWS_AS(keys_of(d), td::Error);
+}
+
 TEST_CASE("a moved-from dict throws instead of crashing", "[tensordict]") {
   TensorDict d;
   d.set("a", Tensor::zeros({1}, td::DType::Float32));

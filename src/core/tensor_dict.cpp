@@ -58,7 +58,15 @@ struct TensorDict::Impl {
   std::mutex cache_mutex;
   bool cache_valid = false;
   std::uint64_t cache_generation = 0;  // bumped on every rebuild
-  std::vector<std::pair<const Impl*, std::uint64_t>> cache_nodes;
+  // The dicts of the tree in walk order (parents before their sub-dicts), each with its version
+  // and where its parent holds it (node 0, this dict, has none).
+  struct CacheNode {
+    const Impl* impl = nullptr;
+    std::uint64_t version = 0;
+    std::uint32_t parent = 0;  // index in cache_nodes
+    std::uint32_t entry = 0;   // index in the parent's entries
+  };
+  std::vector<CacheNode> cache_nodes;
   std::vector<Key> cache_keys;
   std::vector<detail::LeafRef> cache;
   std::shared_ptr<void> attachment;  // a higher layer's (DictAccess::attachment)
@@ -602,23 +610,25 @@ const std::vector<LeafRef>& DictAccess::canonical(const TensorDict& cd) {
   // One uncontended lock per call (~20 ns) makes concurrent const calls on one dict safe; the
   // order it returns stays valid after the unlock (see Impl::cache_mutex).
   const std::lock_guard lock(in.cache_mutex);
-  if (in.cache_valid) {
-    // Walk the live tree (no strings, no sort): only dicts reached through it are dereferenced.
-    std::size_t k = 0;
-    bool same = true;
-    auto check = [&](auto& self, const TensorDict& node) -> void {
-      const TensorDict::Impl* p = node.impl_.get();
-      if (!same || p == nullptr || k >= in.cache_nodes.size() || in.cache_nodes[k].first != p ||
-          in.cache_nodes[k].second != p->version) {
-        same = false;
-        return;
-      }
-      ++k;
-      for (const std::size_t i : p->subs()) self(self, std::get<TensorDict>(p->entries[i].value));
-    };
-    check(check, d);
-    if (same && k == in.cache_nodes.size()) return in.cache;
-  }
+  // Whether the tree is still the one the cache was built from: every dict the same object at
+  // the same version. Each node is reached through its parent's entry, checked before it (an
+  // unchanged parent has the same entries, so the sub-dict it holds there is alive; one moved out
+  // leaves a null one), and only its version is read: a few cache lines per sub-dict, no strings,
+  // no walk of the canonical order (16384 leaves in 256 sub-dicts: checked by every collective).
+  auto still_holds = [&in] {
+    const auto& nodes = in.cache_nodes;
+    if (nodes.empty() || nodes[0].impl != &in || nodes[0].version != in.version) return false;
+    for (std::size_t k = 1; k < nodes.size(); ++k) {
+      const auto& c = nodes[k];
+      const TensorDict::Impl& parent = *nodes[c.parent].impl;
+      if (c.entry >= parent.entries.size()) return false;
+      const auto* sub = std::get_if<TensorDict>(&parent.entries[c.entry].value);
+      if (sub == nullptr || sub->impl_.get() != c.impl || c.impl->version != c.version)
+        return false;
+    }
+    return true;
+  };
+  if (in.cache_valid && still_holds()) return in.cache;
   in.cache_valid = false;  // until rebuilt (the walk throws on a moved-from sub-dict)
   in.published_generation.store(0, std::memory_order_relaxed);
   in.cache_nodes.clear();
@@ -629,9 +639,10 @@ const std::vector<LeafRef>& DictAccess::canonical(const TensorDict& cd) {
   // Every leaf is marked as one, so a change of its layout moves the leaf epoch.
   // Each dict's entries in canonical order, so the leaves come out in it and the dicts in the
   // order the check above walks them (subs()).
-  auto walk = [&](auto& self, TensorDict& node) -> void {
+  auto walk = [&](auto& self, TensorDict& node, std::uint32_t parent, std::uint32_t entry) -> void {
     TensorDict::Impl& ni = node.impl();
-    in.cache_nodes.emplace_back(&ni, ni.version);
+    const auto me = static_cast<std::uint32_t>(in.cache_nodes.size());
+    in.cache_nodes.push_back({&ni, ni.version, parent, entry});
     for (const std::uint32_t i : ni.ordered()) {
       auto& e = ni.entries[i];
       prefix.push_back(e.name);
@@ -639,12 +650,12 @@ const std::vector<LeafRef>& DictAccess::canonical(const TensorDict& cd) {
         TensorAccess::mark_leaf(*t);  // its layout changes count in the leaf epoch from now on
         all.emplace_back(Key(prefix), t);
       } else {
-        self(self, std::get<TensorDict>(e.value));
+        self(self, std::get<TensorDict>(e.value), me, i);
       }
       prefix.pop_back();
     }
   };
-  walk(walk, d);
+  walk(walk, d, 0, 0);
   in.cache_keys.clear();
   in.cache_keys.reserve(all.size());
   for (auto& [k, t] : all) in.cache_keys.push_back(std::move(k));
