@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <random>
 #include <stdexcept>
@@ -498,7 +499,8 @@ TEST_CASE("without the progress thread, mark_ready moves launched buckets along"
   // test_mpi_reducer.no_progress_thread), nothing but the library's own calls advances a
   // nonblocking collective, so bucket 0 must complete during the later mark_ready calls, not
   // only in finish(): "a" (a view of its storage, reduced in place) holds the sum before the
-  // last leaf is marked. (With the thread running, it drives Open MPI's progress itself.)
+  // last leaf is marked. (With the thread running, it drives Open MPI's progress itself, and the
+  // step is only checked at its end.)
   const int rank = td::get_rank();
   const auto n = static_cast<float>(td::get_world_size());
   const bool was = td::async_progress_enabled();
@@ -517,8 +519,12 @@ TEST_CASE("without the progress thread, mark_ready moves launched buckets along"
     Reducer r(g, {.op = ReduceOp::SUM, .bucket_bytes = 2048, .ready_order = {"a"}});
     REQUIRE(r.num_buckets() == 2);
     r.mark_ready("a");
+    // Bucket 0 is read while in flight only where no other thread of this process is inside MPI
+    // (no progress thread started): then MPI writes it only inside this thread's calls.
+    const char* env = std::getenv("TD_PROGRESS_THREAD");
+    const bool no_thread = env != nullptr && std::string(env) == "0";
     std::size_t marked_when_done = small.size();
-    for (std::size_t i = 0; i + 1 < small.size(); ++i) {
+    for (std::size_t i = 0; no_thread && i + 1 < small.size(); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
       r.mark_ready(small[i]);
       if (g.get("a").to_vector<float>() == std::vector<float>(512, sum)) {
@@ -528,9 +534,9 @@ TEST_CASE("without the progress thread, mark_ready moves launched buckets along"
     }
     INFO("bucket 0 held its sum after " << marked_when_done << " of " << small.size()
                                         << " leaves of bucket 1 were marked");
-    CHECK(marked_when_done < small.size());
-    for (std::size_t i = std::min(marked_when_done, small.size() - 1); i < small.size(); ++i)
-      r.mark_ready(small[i]);
+    if (no_thread) CHECK(marked_when_done < small.size());
+    const std::size_t from = no_thread ? std::min(marked_when_done, small.size() - 1) : 0;
+    for (std::size_t i = from; i < small.size(); ++i) r.mark_ready(small[i]);
     r.finish();
     CHECK(g.get("a").to_vector<float>() == std::vector<float>(512, sum));
     CHECK(g.get("c199").to_vector<float>() == std::vector<float>(1, n));
