@@ -5,8 +5,10 @@
 // temporary file is left. The memmap layout in parallel too.
 #include <catch2/catch.hpp>
 
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -377,4 +379,83 @@ TEST_CASE("memmap in parallel: a large replicated leaf is written by its holders
   CHECK(td::load_memmap(root).equal(d));
   td::barrier();
   CHECK(dir.entries() == std::vector<std::string>{"big"});
+}
+
+namespace {
+
+// A dict of `leaves` float32 leaves of 64 KiB each (below the collective threshold of memmap:
+// each leaf file is written by one rank with POSIX calls), values from `v`.
+TensorDict many_leaves(int v, int leaves) {
+  TensorDict d;
+  for (int i = 0; i < leaves; ++i)
+    d.set(Key({"layers", fmt::format("w{}", i)}),
+          Tensor::full<float>({16384}, static_cast<float>(v * 100 + i)));
+  d.set("version", Tensor::full<std::int64_t>({}, v));
+  return d;
+}
+
+// Runs f with this process's file size limit at `bytes` when `limited` (writes beyond it fail
+// with EFBIG, SIGXFSZ ignored), restored afterwards: a real write error on one rank mid-save.
+template <class F>
+void with_file_size_limit(bool limited, rlim_t bytes, F&& f) {
+  if (!limited) return f();
+  rlimit old{};
+  REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+  rlimit lim = old;
+  lim.rlim_cur = bytes;
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  REQUIRE(::setrlimit(RLIMIT_FSIZE, &lim) == 0);
+  try {
+    f();
+  } catch (...) {
+    ::setrlimit(RLIMIT_FSIZE, &old);
+    std::signal(SIGXFSZ, old_handler);
+    throw;
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, old_handler);
+}
+
+}  // namespace
+
+TEST_CASE("a write failing on one rank mid-save fails every rank; the previous copy is kept",
+          "[checkpoint][safetensors][memmap][errors]") {
+  SharedDir dir;
+  const TensorDict v1 = many_leaves(1, 4 * size()), v2 = many_leaves(2, 4 * size());
+  SECTION("safetensors: rank 0 cannot give the temporary file its size") {
+    const fs::path f = dir.path / "ckpt.safetensors";
+    td::save_safetensors(v1, f, group_opts());
+    const auto before = read_bytes(f);
+    std::string msg;
+    with_file_size_limit(rank() == 0, 4096, [&] {
+      try {
+        td::save_safetensors(v2, f, group_opts());
+      } catch (const td::Error& e) {
+        msg = e.what();
+      }
+    });
+    CHECK_THAT(msg, Contains("rank 0:") && Contains("File too large"));
+    CHECK(same_on_every_rank(msg));
+    td::barrier();
+    CHECK(read_bytes(f) == before);
+    CHECK(td::load_safetensors(f, group_opts()).equal(v1));
+    CHECK(dir.entries() == std::vector<std::string>{"ckpt.safetensors"});
+  }
+  SECTION("memmap: the last rank's leaf files cannot be written") {
+    const fs::path root = dir.path / "td";
+    td::save_memmap(v1, root, group_opts());
+    std::string msg;
+    with_file_size_limit(rank() == size() - 1, 4096, [&] {
+      try {
+        td::save_memmap(v2, root, group_opts());
+      } catch (const td::Error& e) {
+        msg = e.what();
+      }
+    });
+    CHECK_THAT(msg, Contains(fmt::format("rank {}:", size() - 1)) && Contains("File too large"));
+    CHECK(same_on_every_rank(msg));
+    td::barrier();
+    CHECK(td::load_memmap(root, group_opts()).equal(v1));
+    CHECK(dir.entries() == std::vector<std::string>{"td"});
+  }
 }

@@ -140,6 +140,11 @@ std::uint64_t LocalFile::size() const {
   return static_cast<std::uint64_t>(st.st_size);
 }
 
+void LocalFile::resize(std::uint64_t bytes) {
+  while (::ftruncate(fd_, static_cast<off_t>(bytes)) != 0)
+    if (errno != EINTR) throw_errno("ftruncate", path_, errno);
+}
+
 void LocalFile::write(std::span<const FileRange> ranges) {
   const auto rs = sorted(ranges);
   std::vector<std::byte> staging;
@@ -179,7 +184,11 @@ void LocalFile::close() {
 
 // ---- CollectiveFile --------------------------------------------------------------------------
 
-void CollectiveFile::create_empty(const fs::path& path) { LocalFile::create(path).close(); }
+void CollectiveFile::create_sized(const fs::path& path, std::uint64_t bytes) {
+  LocalFile f = LocalFile::create(path);
+  f.resize(bytes);
+  f.close();
+}
 
 void CollectiveFile::check_openable(const fs::path& path, bool write) {
   const int fd = ::open(path.c_str(), (write ? O_WRONLY : O_RDONLY) | O_CLOEXEC);
@@ -223,14 +232,6 @@ std::uint64_t CollectiveFile::size() const {
   MPI_Offset bytes = 0;
   TD_MPI_CHECK(MPI_File_get_size(fh_, &bytes));
   return static_cast<std::uint64_t>(bytes);
-}
-
-void CollectiveFile::resize(std::uint64_t bytes) {
-  const std::function<std::string()> describe = [&] {
-    return fmt::format("MPI_File_set_size of {}", path_.string());
-  };
-  BlockingPhase phase(deadline_, describe);
-  TD_MPI_CHECK(MPI_File_set_size(fh_, static_cast<MPI_Offset>(bytes)));
 }
 
 std::vector<std::vector<FileRange>> split_rounds(const std::vector<FileRange>& blocks,

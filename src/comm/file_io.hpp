@@ -52,6 +52,8 @@ class LocalFile {
 
   /// The file's size in bytes.
   std::uint64_t size() const;
+  /// Sets the file's size (ftruncate); throws td::Error naming the file.
+  void resize(std::uint64_t bytes);
   /// Writes every range; throws td::Error naming the file.
   void write(std::span<const FileRange> ranges);
   /// Fills every range; a range beyond the end of the file is a td::Error.
@@ -73,12 +75,14 @@ class LocalFile {
 ///
 /// Open MPI's MPI_File_open (ompio) hangs every rank when the open fails on a rank other than 0
 /// (rank 0's failure is returned everywhere). So a group opens in agreed steps: rank 0 creates
-/// the file (create_empty), every rank checks that it can open it (check_openable), the outcome
+/// the file (create_sized), every rank checks that it can open it (check_openable), the outcome
 /// is agreed (agree_outcome), and only then does every rank call open().
 class CollectiveFile {
  public:
-  /// Creates (or truncates) `path` as an empty file (POSIX; rank 0 before a collective write).
-  static void create_empty(const std::filesystem::path& path);
+  /// Creates (or truncates) `path` and gives it `bytes` bytes, with POSIX calls (rank 0 before a
+  /// collective write): a failure is rank 0's alone, with the system's reason, where
+  /// MPI_File_set_size said only "MPI_ERR_OTHER" (and was one more collective call).
+  static void create_sized(const std::filesystem::path& path, std::uint64_t bytes);
   /// Opens and closes `path` with POSIX calls as open() will: a td::Error naming the file and the
   /// system's reason, on this rank alone.
   static void check_openable(const std::filesystem::path& path, bool write);
@@ -95,8 +99,6 @@ class CollectiveFile {
 
   /// The file's size (MPI_File_get_size).
   std::uint64_t size() const;
-  /// Sets the file's size (MPI_File_set_size, collective).
-  void resize(std::uint64_t bytes);
   /// Collective writes of every rank's ranges (MPI_File_write_at_all through a file view), in
   /// rounds of at most a few hundred MiB per rank, so no count exceeds INT_MAX.
   void write(std::span<const FileRange> ranges);

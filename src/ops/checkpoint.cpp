@@ -12,6 +12,7 @@
 #include "tensordict/checkpoint.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -320,13 +321,13 @@ struct Save {
     settle(*ctx, detail::check_same_path(*ctx->g, target, ctx->deadline, what), what);
   }
   // Writes `ranges` (this rank's, disjoint from the others') into the file `path` of `bytes`
-  // bytes with collective MPI-IO: rank 0 creates it, every rank checks that it can open it, then
-  // the collective open, write, sync and close, each step agreed.
+  // bytes with collective MPI-IO: rank 0 creates it with its size, every rank checks that it can
+  // open it, then the collective open, write, sync and close, each step agreed.
   void collective_write(const fs::path& path, std::uint64_t bytes,
                         std::span<const FileRange> ranges) const {
     const int rank = ctx->g->rank;
     step([&] {
-      if (rank == 0) CollectiveFile::create_empty(path);
+      if (rank == 0) CollectiveFile::create_sized(path, bytes);
     });
     step([&] { CollectiveFile::check_openable(path, true); });
     std::optional<CollectiveFile> f;
@@ -334,7 +335,6 @@ struct Save {
     auto close_quietly = [&] { f.reset(); };
     step(
         [&] {
-          f->resize(bytes);
           f->write(ranges);
           f->sync();
         },
@@ -842,55 +842,45 @@ void save_safetensors(const TensorDict& dict, const fs::path& file, const FileOp
 
 namespace {
 
-// One process reads the file.
-TensorDict load_safetensors_alone(const fs::path& file, const TensorDict* like) {
-  const std::string name = file.string();
-  LocalFile f = LocalFile::open_read(file);
-  const std::uint64_t size = f.size();
-  std::array<std::byte, 8> first{};
-  if (size >= 8) {
-    const FileRange r{0, first.data(), 8};
-    f.read({&r, 1});
-  }
-  const std::uint64_t n = detail::safetensors_header_length(first, size, name);
-  std::vector<std::byte> json(n);
-  const FileRange r{8, json.data(), n};
-  f.read({&r, 1});
-  const auto h = detail::decode_safetensors_header(json, size, name);
-  Loaded l = plan_load(h, like, name);
-  f.read(l.ranges);
-  return std::move(l.dict);
-}
-
 // A safetensors file's size and its header's JSON text.
 struct HeaderBytes {
   std::uint64_t file_size = 0;
   std::vector<std::byte> json;
 };
 
-// Every rank of the group reads the header of the open file `f`, each step agreed.
-HeaderBytes read_header_together(const GroupContext& ctx, CollectiveFile& f,
-                                 const std::string& name, std::string_view what) {
+// Reads the header of the open file `f`: a LocalFile, or a CollectiveFile that every rank of a
+// group reads. Each of the three steps (the length, its check, the JSON text) runs through
+// `run_step`, where a group agrees on the step's outcome before the next collective read.
+template <class File, class RunStep>
+HeaderBytes read_header(File& f, const std::string& name, RunStep&& run_step) {
   HeaderBytes out;
   std::array<std::byte, 8> first{};
-  settle(ctx, detail::capture_error([&] {
-           out.file_size = f.size();
-           const FileRange r{0, first.data(), std::min<std::uint64_t>(out.file_size, 8)};
-           f.read({&r, 1});
-         }),
-         what);
+  run_step([&] {
+    out.file_size = f.size();
+    const FileRange r{0, first.data(), std::min<std::uint64_t>(out.file_size, 8)};
+    f.read({&r, 1});
+  });
   std::uint64_t n = 0;
-  settle(ctx, detail::capture_error([&] {
-           n = detail::safetensors_header_length(first, out.file_size, name);
-           out.json.resize(n);
-         }),
-         what);
-  settle(ctx, detail::capture_error([&] {
-           const FileRange r{8, out.json.data(), n};
-           f.read({&r, 1});
-         }),
-         what);
+  run_step([&] {
+    n = detail::safetensors_header_length(first, out.file_size, name);
+    out.json.resize(n);
+  });
+  run_step([&] {
+    const FileRange r{8, out.json.data(), n};
+    f.read({&r, 1});
+  });
   return out;
+}
+
+// One process reads the file.
+TensorDict load_safetensors_alone(const fs::path& file, const TensorDict* like) {
+  const std::string name = file.string();
+  LocalFile f = LocalFile::open_read(file);
+  const HeaderBytes header = read_header(f, name, [](const auto& step) { step(); });
+  const auto h = detail::decode_safetensors_header(header.json, header.file_size, name);
+  Loaded l = plan_load(h, like, name);
+  f.read(l.ranges);
+  return std::move(l.dict);
 }
 
 // The ranges of `ranges` (this rank's reads) that every rank of the group reads, which are read
@@ -930,7 +920,8 @@ TensorDict load_safetensors_together(const fs::path& file, const TensorDict* lik
            f.emplace(CollectiveFile::open(*ctx.g, file, false, ctx.deadline));
          }),
          what);
-  const HeaderBytes header = read_header_together(ctx, *f, name, what);
+  const HeaderBytes header = read_header(
+      *f, name, [&](const auto& step) { settle(ctx, detail::capture_error(step), what); });
   std::optional<detail::SafetensorsHeader> h;
   std::optional<Loaded> l;
   settle(ctx, detail::capture_error([&] {
