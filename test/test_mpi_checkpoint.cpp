@@ -459,3 +459,26 @@ TEST_CASE("a write failing on one rank mid-save fails every rank; the previous c
     CHECK(dir.entries() == std::vector<std::string>{"td"});
   }
 }
+
+TEST_CASE("ranks holding the same dict and ranks holding another: the file holds the union",
+          "[checkpoint][safetensors][memmap]") {
+  // Even ranks hold one dict and odd ranks another (at 3 ranks, ranks 0 and 2 send the same
+  // layout): each distinct layout is decoded once for all its ranks, and the shared keys are
+  // split between every rank holding them.
+  SharedDir dir;
+  auto dict_of = [](int r) {
+    TensorDict d = model();
+    d.set(r % 2 == 0 ? "even" : "odd", Tensor::full<std::int16_t>({3, 2}, r % 2 == 0 ? 2 : 1));
+    return d;
+  };
+  TensorDict all = dict_of(0);
+  if (size() > 1) all.update(dict_of(1));
+  const fs::path par = dir.path / "par.safetensors", serial = dir.path / "serial.safetensors";
+  td::save_safetensors(dict_of(rank()), par, group_opts());
+  if (rank() == 0) td::save_safetensors(all, serial);
+  td::barrier();
+  CHECK(read_bytes(par) == read_bytes(serial));
+  CHECK(td::load_safetensors(par, group_opts()).equal(all));
+  td::save_memmap(dict_of(rank()), dir.path / "td", group_opts());
+  CHECK(td::load_memmap(dir.path / "td", group_opts()).equal(all));
+}

@@ -80,8 +80,8 @@ KeyPath child(const KeyPath& parent, const std::string& name) {
   return parts;
 }
 
-void flatten(const DictLayout& l, std::uint32_t index, const KeyPath& key, int rank, bool local,
-             Manifest& m) {
+void flatten(const DictLayout& l, std::uint32_t index, const KeyPath& key,
+             const std::vector<int>& holders, bool local, Manifest& m) {
   const auto& d = l.dicts[index];
   m.dicts.push_back({key, d.batch, {}});
   const std::size_t at = m.dicts.size() - 1;
@@ -89,22 +89,20 @@ void flatten(const DictLayout& l, std::uint32_t index, const KeyPath& key, int r
     m.dicts[at].entries.emplace_back(e.name, e.is_dict);
     KeyPath k = child(key, e.name);
     if (e.is_dict) {
-      flatten(l, e.index, k, rank, local, m);
+      flatten(l, e.index, k, holders, local, m);
       continue;
     }
     const auto& leaf = l.leaves[e.index];
-    m.leaves.push_back({std::move(k),
-                        leaf.dtype,
-                        leaf.shape,
-                        leaf.sparse,
-                        {rank},
+    m.leaves.push_back({std::move(k), leaf.dtype, leaf.shape, leaf.sparse, holders,
                         local ? static_cast<int>(e.index) : -1});
   }
 }
 
-Manifest manifest_of(const DictLayout& l, int rank, bool local) {
+// The manifest of the layout `l` held by the ranks `holders` (ascending); `local`: this rank's own
+// layout is one of them (LeafInfo::mine set).
+Manifest manifest_of(const DictLayout& l, const std::vector<int>& holders, bool local) {
   Manifest m;
-  flatten(l, 0, {}, rank, local, m);
+  flatten(l, 0, {}, holders, local, m);
   return m;
 }
 
@@ -118,9 +116,21 @@ std::string describe(const LeafInfo& l) {
                      l.sparse ? " sparse" : "");
 }
 
-// The union of every rank's manifest ([r] is rank r's; `self` this rank). A key held by several
-// ranks must be held the same way: else the same LayoutMismatchError on every rank.
-Manifest union_of(const std::vector<Manifest>& parts, int self, std::string_view what) {
+// One distinct manifest of a group and the ranks that hold it, ascending.
+struct Part {
+  Manifest manifest;
+  std::vector<int> ranks;
+};
+
+// The union of the group's distinct manifests (in the order of their lowest rank). A key held by
+// several ranks must be held the same way: else the same LayoutMismatchError on every rank. One
+// part (every rank holds the same dict) is its own union.
+Manifest union_of(const std::vector<Part>& parts, std::string_view what) {
+  if (parts.size() == 1) {
+    Manifest u = parts[0].manifest;
+    sort_leaves(u);
+    return u;
+  }
   Manifest u;
   std::map<KeyPath, std::size_t> leaf_at, dict_at;
   std::map<KeyPath, int> dict_owner;
@@ -130,9 +140,9 @@ Manifest union_of(const std::vector<Manifest>& parts, int self, std::string_view
         "{}: the ranks hold key '{}' differently: rank {}: {}; rank {}: {} (nothing was written)",
         what, key_str(k), r0, a, r1, b));
   };
-  for (std::size_t r = 0; r < parts.size(); ++r) {
-    const int rank = static_cast<int>(r);
-    for (const auto& d : parts[r].dicts) {
+  for (const Part& part : parts) {
+    const int rank = part.ranks[0];
+    for (const auto& d : part.manifest.dicts) {
       if (const auto it = leaf_at.find(d.key); it != leaf_at.end())
         throw mismatch(d.key, u.leaves[it->second].holders[0], describe(u.leaves[it->second]), rank,
                        "a dict");
@@ -151,25 +161,26 @@ Manifest union_of(const std::vector<Manifest>& parts, int self, std::string_view
         if (std::find(have.entries.begin(), have.entries.end(), e) == have.entries.end())
           have.entries.push_back(e);
     }
-    for (const auto& l : parts[r].leaves) {
+    for (const auto& l : part.manifest.leaves) {
       if (dict_at.count(l.key) != 0)
         throw mismatch(l.key, dict_owner[l.key], "a dict", rank, describe(l));
       const auto [it, fresh] = leaf_at.emplace(l.key, u.leaves.size());
       if (fresh) {
         u.leaves.push_back(l);
-        u.leaves.back().mine = rank == self ? l.mine : -1;
         continue;
       }
       LeafInfo& have = u.leaves[it->second];
       if (have.dtype != l.dtype || have.shape != l.shape || have.sparse != l.sparse)
         throw mismatch(l.key, have.holders[0], describe(have), rank, describe(l));
-      have.holders.push_back(rank);
-      if (rank == self) have.mine = l.mine;
+      have.holders.insert(have.holders.end(), l.holders.begin(), l.holders.end());
+      if (l.mine >= 0) have.mine = l.mine;
     }
   }
-  for (const auto& l : u.leaves)
+  for (auto& l : u.leaves) {
     if (dict_at.count(l.key) != 0)
       throw mismatch(l.key, dict_owner[l.key], "a dict", l.holders[0], describe(l));
+    std::sort(l.holders.begin(), l.holders.end());
+  }
   sort_leaves(u);
   return u;
 }
@@ -206,6 +217,30 @@ CollectiveOptions collective_options(const FileOptions& opts) {
   return c;
 }
 
+// Every rank's manifest from the gathered notes, each distinct layout decoded once: ranks whose
+// encoded layouts are the same bytes hold the same manifest (a replicated model: one part, where
+// decoding and merging every rank's 16384 leaves cost more than writing them).
+std::vector<Part> distinct_parts(const std::vector<TensorDict>& all, int self) {
+  std::vector<std::vector<std::byte>> layouts;
+  std::vector<std::vector<int>> ranks;
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    auto bytes = tensor_bytes(all[r], "layout");
+    const auto i = static_cast<std::size_t>(std::find(layouts.begin(), layouts.end(), bytes) -
+                                            layouts.begin());
+    if (i == layouts.size()) {
+      layouts.push_back(std::move(bytes));
+      ranks.emplace_back();
+    }
+    ranks[i].push_back(static_cast<int>(r));
+  }
+  std::vector<Part> parts;
+  for (std::size_t i = 0; i < layouts.size(); ++i) {
+    const bool local = std::find(ranks[i].begin(), ranks[i].end(), self) != ranks[i].end();
+    parts.push_back({manifest_of(detail::decode_layout(layouts[i]), ranks[i], local), ranks[i]});
+  }
+  return parts;
+}
+
 Gathered gather_manifests(const TensorDict& dict, Described& mine, const FileOptions& opts,
                           std::string_view what) {
   std::string error;
@@ -216,7 +251,7 @@ Gathered gather_manifests(const TensorDict& dict, Described& mine, const FileOpt
   }
   if (!opts.group) {
     if (!error.empty()) throw Error(fmt::format("{}: {}", what, error));
-    Manifest m = manifest_of(mine.layout, 0, true);
+    Manifest m = manifest_of(mine.layout, {0}, true);
     sort_leaves(m);
     return {std::move(m), detail::temp_nonce()};
   }
@@ -228,20 +263,14 @@ Gathered gather_manifests(const TensorDict& dict, Described& mine, const FileOpt
   const std::string nonce = rank == 0 ? detail::temp_nonce() : std::string();
   note.set("nonce", bytes_tensor(std::as_bytes(std::span(nonce))));
   const auto all = all_gather_dicts(note, collective_options(opts));
-  std::vector<Manifest> parts;
   for (std::size_t r = 0; r < all.size(); ++r) {
     const auto err = tensor_bytes(all[r], "error");
     if (!err.empty())
       throw Error(fmt::format("{}: rank {}: {} (nothing was written)", what, r,
                               std::string(reinterpret_cast<const char*>(err.data()), err.size())));
   }
-  for (std::size_t r = 0; r < all.size(); ++r) {
-    const auto bytes = tensor_bytes(all[r], "layout");
-    parts.push_back(manifest_of(detail::decode_layout(bytes), static_cast<int>(r),
-                                static_cast<int>(r) == rank));
-  }
   const auto n = tensor_bytes(all[0], "nonce");
-  return {union_of(parts, rank, what),
+  return {union_of(distinct_parts(all, rank), what),
           std::string(reinterpret_cast<const char*>(n.data()), n.size())};
 }
 
