@@ -217,10 +217,12 @@ CollectiveOptions collective_options(const FileOptions& opts) {
   return c;
 }
 
-// Every rank's manifest from the gathered notes, each distinct layout decoded once: ranks whose
-// encoded layouts are the same bytes hold the same manifest (a replicated model: one part, where
-// decoding and merging every rank's 16384 leaves cost more than writing them).
-std::vector<Part> distinct_parts(const std::vector<TensorDict>& all, int self) {
+// Every rank's manifest from the gathered notes, each distinct layout decoded once (this rank's
+// not at all: `own` is its layout): ranks whose encoded layouts are the same bytes hold the same
+// manifest (a replicated model: one part, where decoding and merging every rank's 16384 leaves
+// cost more than writing them).
+std::vector<Part> distinct_parts(const std::vector<TensorDict>& all, int self,
+                                 const DictLayout& own) {
   std::vector<std::vector<std::byte>> layouts;
   std::vector<std::vector<int>> ranks;
   for (std::size_t r = 0; r < all.size(); ++r) {
@@ -236,7 +238,10 @@ std::vector<Part> distinct_parts(const std::vector<TensorDict>& all, int self) {
   std::vector<Part> parts;
   for (std::size_t i = 0; i < layouts.size(); ++i) {
     const bool local = std::find(ranks[i].begin(), ranks[i].end(), self) != ranks[i].end();
-    parts.push_back({manifest_of(detail::decode_layout(layouts[i]), ranks[i], local), ranks[i]});
+    if (local)
+      parts.push_back({manifest_of(own, ranks[i], true), ranks[i]});
+    else
+      parts.push_back({manifest_of(detail::decode_layout(layouts[i]), ranks[i], false), ranks[i]});
   }
   return parts;
 }
@@ -270,7 +275,7 @@ Gathered gather_manifests(const TensorDict& dict, Described& mine, const FileOpt
                               std::string(reinterpret_cast<const char*>(err.data()), err.size())));
   }
   const auto n = tensor_bytes(all[0], "nonce");
-  return {union_of(distinct_parts(all, rank), what),
+  return {union_of(distinct_parts(all, rank, mine.layout), what),
           std::string(reinterpret_cast<const char*>(n.data()), n.size())};
 }
 
