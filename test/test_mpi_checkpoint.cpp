@@ -73,7 +73,7 @@ td::FileOptions group_opts() {
 // one leaf large enough to be split between the ranks at an odd byte).
 TensorDict model() {
   TensorDict d;
-  std::vector<float> w(3 * 1001);
+  std::vector<float> w(std::size_t{3} * 1001);
   for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i) * 0.5F;
   d.set(Key({"layer0", "weight"}), Tensor::from_vector<float>(w, {3, 1001}));
   d.set(Key({"layer0", "weight_t"}), d.get(Key({"layer0", "weight"})).transpose(0, 1));
@@ -416,6 +416,17 @@ void with_file_size_limit(bool limited, rlim_t bytes, F&& f) {
   std::signal(SIGXFSZ, old_handler);
 }
 
+// The message of the td::Error that f throws ("" if none).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const td::Error& e) {
+    return e.what();
+  }
+  return {};
+}
+
 }  // namespace
 
 TEST_CASE("a write failing on one rank mid-save fails every rank; the previous copy is kept",
@@ -428,11 +439,7 @@ TEST_CASE("a write failing on one rank mid-save fails every rank; the previous c
     const auto before = read_bytes(f);
     std::string msg;
     with_file_size_limit(rank() == 0, 4096, [&] {
-      try {
-        td::save_safetensors(v2, f, group_opts());
-      } catch (const td::Error& e) {
-        msg = e.what();
-      }
+      msg = error_of([&] { td::save_safetensors(v2, f, group_opts()); });
     });
     CHECK_THAT(msg, Contains("rank 0:") && Contains("File too large"));
     CHECK(same_on_every_rank(msg));
@@ -445,13 +452,8 @@ TEST_CASE("a write failing on one rank mid-save fails every rank; the previous c
     const fs::path root = dir.path / "td";
     td::save_memmap(v1, root, group_opts());
     std::string msg;
-    with_file_size_limit(rank() == size() - 1, 4096, [&] {
-      try {
-        td::save_memmap(v2, root, group_opts());
-      } catch (const td::Error& e) {
-        msg = e.what();
-      }
-    });
+    with_file_size_limit(rank() == size() - 1, 4096,
+                         [&] { msg = error_of([&] { td::save_memmap(v2, root, group_opts()); }); });
     CHECK_THAT(msg, Contains(fmt::format("rank {}:", size() - 1)) && Contains("File too large"));
     CHECK(same_on_every_rank(msg));
     td::barrier();
