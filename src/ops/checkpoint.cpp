@@ -125,9 +125,9 @@ struct Part {
 // The union of the group's distinct manifests (in the order of their lowest rank). A key held by
 // several ranks must be held the same way: else the same LayoutMismatchError on every rank. One
 // part (every rank holds the same dict) is its own union.
-Manifest union_of(const std::vector<Part>& parts, std::string_view what) {
+Manifest union_of(std::vector<Part> parts, std::string_view what) {
   if (parts.size() == 1) {
-    Manifest u = parts[0].manifest;
+    Manifest u = std::move(parts[0].manifest);
     sort_leaves(u);
     return u;
   }
