@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 
+#include <fmt/format.h>
 #include <tensordict/tensordict.hpp>
 
 namespace fs = std::filesystem;
@@ -51,7 +52,9 @@ bool only_target_and_temporaries(const fs::path& dir, const fs::path& target) {
   bool ok = true;
   for (const auto& e : fs::directory_iterator(dir)) {
     const std::string n = e.path().filename().string();
-    const bool temporary = n.rfind("." + target.filename().string() + ".td-tmp-", 0) == 0;
+    // fmt, not "." + string + "...": GCC 12's -Wrestrict misfires on that concatenation.
+    const std::string prefix = fmt::format(".{}.td-tmp-", target.filename().string());
+    const bool temporary = n.rfind(prefix, 0) == 0;
     if (e.path() != target && !temporary) {
       std::printf("unexpected entry beside the checkpoint: %s\n", n.c_str());
       ok = false;
