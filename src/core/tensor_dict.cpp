@@ -637,8 +637,8 @@ const std::vector<LeafRef>& DictAccess::canonical(const TensorDict& cd) {
   // Until the next rebuild, which any structural change forces, each leaf object stays where it
   // is: callers may keep the leaf pointers (and LeafVersions of them) while the order holds.
   // Every leaf is marked as one, so a change of its layout moves the leaf epoch.
-  // Each dict's entries in canonical order, so the leaves come out in it and the dicts in the
-  // order the check above walks them (subs()).
+  // Each dict's entries in canonical order, so the leaves come out in it; the dicts are recorded
+  // parents first, with where each parent holds them (what the check above reads).
   auto walk = [&](auto& self, TensorDict& node, std::uint32_t parent, std::uint32_t entry) -> void {
     TensorDict::Impl& ni = node.impl();
     const auto me = static_cast<std::uint32_t>(in.cache_nodes.size());
