@@ -177,19 +177,4 @@ const MallocTuning& apply_malloc_tuning() {
   return t;
 }
 
-// Why: Open MPI 4.1's libnbc runs MPI_Iallreduce as a binomial reduce-then-broadcast whenever the
-// job has fewer than 4 ranks (and whenever the call is in place, as every call of this library
-// is), whatever the message size. Measured here at 2 ranks, its ring algorithm is faster at every
-// size, 16 B to 8 MiB (2.6x at 8 MiB; docs/configuration.md), and makes an async all_reduce as
-// fast as a blocking one. At 3 and 4 ranks the ring loses on small messages, so nothing is
-// changed there. MCA variables are read once, in MPI_Init: mpirun exports the job's size first.
-std::string tune_open_mpi_before_init() {
-  constexpr const char* kVar = "OMPI_MCA_coll_libnbc_iallreduce_algorithm";
-  if (!config().tune_mpi) return "";
-  const auto size = env("OMPI_COMM_WORLD_SIZE");
-  if (!size || *size != "2" || env(kVar)) return "";
-  if (setenv(kVar, "1", 0) != 0) return "";
-  return fmt::format("{}=1 (ring: a 2-rank job)", kVar);
-}
-
 }  // namespace td::detail

@@ -27,7 +27,7 @@ struct Config {
   // TD_MALLOC_MMAP_THRESHOLD (bytes, or "off" = 0): glibc's mmap threshold set at init; the trim
   // threshold becomes 4x that. See apply_malloc_tuning().
   std::size_t malloc_mmap_threshold = std::size_t{64} << 20;
-  bool tune_mpi = true;   // TD_TUNE_MPI (1/0): see tune_open_mpi_before_init()
+  bool tune_mpi = true;   // TD_TUNE_MPI (1/0): runtime/nbc_tuning.hpp
   bool hugepages = true;  // TD_HUGEPAGES (1/0): storages of 2 MiB or more on transparent huge pages
   std::size_t flight_recorder = 1024;  // TD_FLIGHT_RECORDER: calls kept in the ring (0: none)
   std::string flight_recorder_dir;     // TD_FLIGHT_RECORDER_DIR: where dumps go ("": none)
@@ -55,11 +55,6 @@ struct MallocTuning {
 /// Sets glibc's M_MMAP_THRESHOLD and M_TRIM_THRESHOLD from TD_MALLOC_MMAP_THRESHOLD unless the user
 /// tuned malloc through its own environment variables; idempotent (the first call decides).
 const MallocTuning& apply_malloc_tuning();
-
-/// Before MPI_Init, when this process initialises Open MPI for a job of 2 ranks: selects libnbc's
-/// ring algorithm for MPI_Iallreduce (OMPI_MCA_coll_libnbc_iallreduce_algorithm=1) unless the
-/// user chose one or TD_TUNE_MPI=0. Returns what it did, for the log ("" if nothing).
-std::string tune_open_mpi_before_init();
 
 /// The process's configuration; throws std::invalid_argument naming the variable on a bad value.
 const Config& config();

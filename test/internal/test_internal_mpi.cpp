@@ -11,6 +11,8 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -27,6 +29,7 @@
 #include "runtime/deadline.hpp"
 #include "runtime/group_state.hpp"
 #include "runtime/mpi_types.hpp"
+#include "runtime/nbc_tuning.hpp"
 #include "runtime/progress.hpp"
 #include "runtime/work_state.hpp"
 
@@ -220,4 +223,54 @@ TEST_CASE("the progress thread's default is progress_thread_on's for this job", 
                << (setting ? (*setting ? "1" : "0") : "unset"));
   CHECK(td::async_progress_enabled() ==
         td::detail::progress_thread_on(td::get_world_size(), on_this_host, version, setting));
+}
+
+// libnbc's MPI_Iallreduce algorithm, chosen per call (runtime/nbc_tuning.hpp): the table of
+// docs/configuration.md.
+TEST_CASE("each MPI_Iallreduce of the library gets the algorithm chosen for its size",
+          "[nbc_tuning]") {
+  using td::detail::iallreduce_algorithm_for;
+  using td::detail::NbcAllreduce;
+  CHECK(iallreduce_algorithm_for(1, 1 << 20) == NbcAllreduce::LibnbcChoice);
+  for (std::size_t bytes : {std::size_t{4}, std::size_t{64} << 10, std::size_t{64} << 20})
+    CHECK(iallreduce_algorithm_for(2, bytes) == NbcAllreduce::Ring);
+  for (int ranks : {3, 4, 5, 8, 12})
+    CHECK(iallreduce_algorithm_for(ranks, (std::size_t{64} << 10) - 1) == NbcAllreduce::Binomial);
+  for (int ranks : {4, 8, 16, 64})
+    CHECK(iallreduce_algorithm_for(ranks, std::size_t{64} << 10) == NbcAllreduce::Rabenseifner);
+  for (int ranks : {3, 5, 6, 12}) {
+    CHECK(iallreduce_algorithm_for(ranks, std::size_t{256} << 10) == NbcAllreduce::Binomial);
+    CHECK(iallreduce_algorithm_for(ranks, std::size_t{512} << 10) == NbcAllreduce::Ring);
+  }
+
+  // On by default; the process-wide variable is put back after each call (a user's own
+  // MPI_Iallreduce keeps libnbc's choice), and every size sums right whatever runs it.
+  const char* tune = std::getenv("TD_TUNE_MPI");
+  const bool off = tune != nullptr && std::string(tune) == "0";
+  const bool user = std::getenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm") != nullptr;
+  CHECK(td::detail::iallreduce_tuning_active() == (!off && !user));
+  int provided = 0;
+  REQUIRE(MPI_T_init_thread(MPI_THREAD_MULTIPLE, &provided) == MPI_SUCCESS);
+  int index = -1, count = 0, before = -1, after = -1;
+  MPI_T_cvar_handle handle = MPI_T_CVAR_HANDLE_NULL;
+  REQUIRE(MPI_T_cvar_get_index("coll_libnbc_iallreduce_algorithm", &index) == MPI_SUCCESS);
+  REQUIRE(MPI_T_cvar_handle_alloc(index, nullptr, &handle, &count) == MPI_SUCCESS);
+  MPI_T_cvar_read(handle, &before);
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  for (int n : {1, 3, 16 << 10, 128 << 10, 1 << 20}) {
+    std::vector<std::int32_t> v(static_cast<std::size_t>(n));
+    std::iota(v.begin(), v.end(), 0);
+    MPI_Request req = MPI_REQUEST_NULL;
+    REQUIRE(td::detail::tuned_iallreduce(MPI_IN_PLACE, v.data(), n, MPI_INT32_T, MPI_SUM,
+                                         MPI_COMM_WORLD, &req) == MPI_SUCCESS);
+    MPI_Wait(&req, MPI_STATUS_IGNORE);
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < v.size(); ++i) wrong += v[i] != static_cast<std::int32_t>(i) * size;
+    CHECK(wrong == 0);
+    MPI_T_cvar_read(handle, &after);
+    CHECK(after == before);
+  }
+  MPI_T_cvar_handle_free(&handle);
+  MPI_T_finalize();
 }
