@@ -50,42 +50,55 @@ std::vector<std::string> real_nodes() {
   return out;
 }
 
-// Whether the library must run node-aware on a group of these world ranks (collective over
-// world): TD_HIERARCHICAL=1 yes, unset or 0 no, auto whether the nodes (TD_TEST_RANKS_PER_NODE's
-// simulated ones, the last size repeating, or the real ones) hold the group on several nodes with
-// more than one rank on some node.
-bool expect_node_aware(const std::vector<int>& world_ranks) {
+// How many of these world ranks each node holds (collective over world): TD_TEST_RANKS_PER_NODE's
+// simulated nodes (the last size repeating), or the real ones.
+std::vector<int> ranks_per_node(const std::vector<int>& world_ranks) {
   const std::vector<std::string> hosts = real_nodes();
-  const auto h = env("TD_HIERARCHICAL");
-  if (!h || *h != "auto") return h && *h == "1";  // unset: flat
   const auto spec = env("TD_TEST_RANKS_PER_NODE");
+  std::map<std::string, int> per_node;
   if (!spec) {
-    std::map<std::string, int> per_host;
-    for (const int w : world_ranks) ++per_host[hosts[static_cast<std::size_t>(w)]];
-    int largest = 0;
-    for (const auto& [host, n] : per_host) largest = std::max(largest, n);
-    return per_host.size() > 1 && largest > 1;
-  }
-  std::vector<int> sizes;
-  for (std::size_t start = 0;;) {
-    const std::size_t comma = spec->find(',', start);
-    sizes.push_back(std::stoi(spec->substr(start, comma - start)));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  std::map<int, int> per_node;
-  for (const int w : world_ranks) {
-    int node = 0, first = 0;
-    for (;; ++node) {
-      const int n = sizes[std::min(static_cast<std::size_t>(node), sizes.size() - 1)];
-      if (w < first + n) break;
-      first += n;
+    for (const int w : world_ranks) ++per_node[hosts[static_cast<std::size_t>(w)]];
+  } else {
+    std::vector<int> sizes;
+    for (std::size_t start = 0;;) {
+      const std::size_t comma = spec->find(',', start);
+      sizes.push_back(std::stoi(spec->substr(start, comma - start)));
+      if (comma == std::string::npos) break;
+      start = comma + 1;
     }
-    ++per_node[node];
+    for (const int w : world_ranks) {
+      int node = 0, first = 0;
+      for (;; ++node) {
+        const int n = sizes[std::min(static_cast<std::size_t>(node), sizes.size() - 1)];
+        if (w < first + n) break;
+        first += n;
+      }
+      ++per_node[std::to_string(node)];
+    }
   }
-  int largest = 0;
-  for (const auto& [node, n] : per_node) largest = std::max(largest, n);
-  return per_node.size() > 1 && largest > 1;
+  std::vector<int> out;
+  for (const auto& [node, n] : per_node) out.push_back(n);
+  return out;
+}
+
+// Whether the library must run node-aware on a group of these world ranks (collective over
+// world): TD_HIERARCHICAL=1 or leaders yes, unset or 0 no, auto whether the nodes hold the group
+// on several nodes with more than one rank on some node.
+bool expect_node_aware(const std::vector<int>& world_ranks) {
+  const std::vector<int> per_node = ranks_per_node(world_ranks);
+  const auto h = env("TD_HIERARCHICAL");
+  if (!h || *h != "auto") return h && (*h == "1" || *h == "leaders");  // unset: flat
+  return per_node.size() > 1 && *std::max_element(per_node.begin(), per_node.end()) > 1;
+}
+
+// Whether a node-aware sync all_reduce of a large message runs per slice there: every node holds
+// the same number of ranks, more than one, on several nodes, and TD_HIERARCHICAL is not leaders.
+bool expect_per_slice(const std::vector<int>& world_ranks) {
+  const std::vector<int> per_node = ranks_per_node(world_ranks);
+  const bool node_aware = expect_node_aware(world_ranks);
+  const auto h = env("TD_HIERARCHICAL");
+  return node_aware && !(h && *h == "leaders") && per_node.size() > 1 && per_node[0] > 1 &&
+         std::all_of(per_node.begin(), per_node.end(), [&](int n) { return n == per_node[0]; });
 }
 
 // How far a compressed result may lie from the oracle's reduction (relative, at least 1
@@ -193,6 +206,7 @@ TEST_CASE("node-aware all_reduce of a large tensor: several messages pipelined, 
   td::reset_packer_stats();
   // 24 MiB of int32: six 4 MiB messages; float32 of small integers is exact too.
   for (const bool async : {false, true}) {
+    td::reset_packer_stats();
     Tensor i = make_input<std::int32_t>(ReduceOp::SUM, rank, {6 << 20});
     Tensor f = make_input<float>(ReduceOp::SUM, rank, {6 << 20});
     auto wi = td::all_reduce(i, ReduceOp::SUM, {.async_op = async});
@@ -202,8 +216,24 @@ TEST_CASE("node-aware all_reduce of a large tensor: several messages pipelined, 
     CHECK(reduction_error(i, ReduceOp::SUM, size).empty());
     CHECK(reduction_error(f, ReduceOp::SUM, size).empty());
     CHECK(same_bits_everywhere(f, MPI_COMM_WORLD));
+    // Sync on nodes of equal size: per slice (a reduce-scatter, the slices across nodes, an
+    // allgather), message by message; async: the leaders' stages.
+    const bool slices = !async && expect_per_slice(every_rank());
+    CHECK((td::packer_stats().node_aware_messages > 0) == expect_node_aware(every_rank()));
+    CHECK((td::packer_stats().node_aware_slice_messages > 0) == slices);
+    if (slices) CHECK(td::packer_stats().node_aware_slice_messages == 12);
+    td::reset_packer_stats();
+    if (async) break;
+    // A float sum whose order matters (values of every magnitude): the same bits on every rank.
+    Tensor g = Tensor::zeros({(1 << 20) + 3}, DType::Float32);
+    for (std::int64_t k = 0; k < g.numel(); ++k)
+      g.data<float>()[k] = static_cast<float>((k * 7919 + rank * 104729) % 1000003) * 1e-3f *
+                           static_cast<float>(1 << (k % 20));
+    td::all_reduce(g, ReduceOp::SUM);
+    CHECK(same_bits_everywhere(g, MPI_COMM_WORLD));
+    CHECK(td::packer_stats().node_aware_messages == (expect_node_aware(every_rank()) ? 2u : 0u));
+    td::reset_packer_stats();
   }
-  check_strategy(expect_node_aware(every_rank()));
 }
 
 // A sync call runs its stages as blocking collectives, an async one as nonblocking ones posted in

@@ -18,6 +18,9 @@ struct PackerStats {
   /// messages of all_reduce / reduce / broadcast that ran node-aware (within each node, between
   /// the nodes' leaders, within each node again: docs/configuration.md, TD_HIERARCHICAL)
   std::uint64_t node_aware_messages = 0;
+  /// of those, the sync all_reduce messages that ran per slice (a reduce-scatter within each
+  /// node, each local rank's slice across the nodes, an allgather within each node)
+  std::uint64_t node_aware_slice_messages = 0;
 };
 /// The counters since the last reset_packer_stats() (this process only).
 TD_API PackerStats packer_stats();

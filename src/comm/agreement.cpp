@@ -39,7 +39,9 @@ std::string call_header(const CollectiveCall& call, std::optional<std::size_t> c
   const Config& c = config();
   h += fmt::format(" with TD_CHECK_LAYOUT={} TD_SYNC_PIPELINE={} TD_HIERARCHICAL={}",
                    int{c.check_layout}, int{c.sync_pipeline},
-                   c.hierarchical == 2 ? std::string("auto") : std::to_string(c.hierarchical));
+                   c.hierarchical == 2   ? std::string("auto")
+                   : c.hierarchical == 3 ? std::string("leaders")
+                                         : std::to_string(c.hierarchical));
   return h;
 }
 

@@ -82,9 +82,10 @@ void note_plan(bool hit) {
   ++(hit ? g_stats.plan_hits : g_stats.plan_misses);
 }
 
-void note_node_aware(std::size_t messages) {
+void note_node_aware(std::size_t messages, bool per_slice) {
   std::lock_guard lock(g_stats_mu);
   g_stats.node_aware_messages += messages;
+  if (per_slice) g_stats.node_aware_slice_messages += messages;
 }
 
 namespace {
@@ -204,8 +205,47 @@ std::optional<DataCall> node_stage(const CollectiveCall& call, const GroupState&
              : std::nullopt;
 }
 
+// Whether a sync all_reduce message of `count` elements runs node-aware per slice: every node has
+// the same number of ranks (so each local rank has a peer on every node), more than one, and the
+// message has an element for each (TD_HIERARCHICAL=leaders: never).
+bool per_slice(const CollectiveCall& call, const GroupState& g, int count) {
+  const NodeSplit& n = g.nodes;
+  return call.kind == CollectiveKind::AllReduce && config().hierarchical != 3 && n.equal &&
+         n.largest > 1 && n.nodes > 1 && count >= n.largest;
+}
+
+// One all_reduce message, node-aware per slice: each of a node's L ranks owns 1/L of the message
+// (its slice). A reduce-scatter within the node leaves each rank its slice summed over the node
+// (MPI_IN_PLACE puts it at the buffer's start: moved to its place); the ranks of one local rank,
+// one per node, all-reduce that slice between the nodes, L such calls at once, so every rank and
+// every connection of a node carries 1/L of the bytes; an allgather within the node gives every
+// rank every slice. The same bits on every rank: each slice is reduced once and copied.
+void run_per_slice(const CollectiveCall& call, const GroupState& g, std::byte* p, int count,
+                   DType dtype) {
+  const NodeSplit& n = g.nodes;
+  const MPI_Datatype type = mpi_datatype(dtype);
+  const MPI_Op op = mpi_op(call.op, dtype);
+  const int local = n.largest;
+  std::vector<int> counts(static_cast<std::size_t>(local)), displs(counts.size());
+  for (int i = 0, at = 0; i < local; ++i) {
+    counts[static_cast<std::size_t>(i)] = count / local + (i < count % local ? 1 : 0);
+    displs[static_cast<std::size_t>(i)] = at;
+    at += counts[static_cast<std::size_t>(i)];
+  }
+  const auto mine = static_cast<std::size_t>(n.local_rank);
+  const std::size_t item = itemsize(dtype);
+  std::byte* slice = p + static_cast<std::size_t>(displs[mine]) * item;
+  post(reduce_scatter_call(MPI_IN_PLACE, p, counts.data(), type, op, n.within), nullptr);
+  if (slice != p) std::memmove(slice, p, static_cast<std::size_t>(counts[mine]) * item);
+  post(allreduce_call(MPI_IN_PLACE, slice, counts[mine], type, op, n.slices), nullptr);
+  post(allgatherv_call(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p, counts.data(), displs.data(), type,
+                       n.within2),
+       nullptr);
+}
+
 // One message of a sync call: the flat collective, or on a node-aware group its three stages one
-// after the other, as blocking collectives on the node communicators. Not libnbc's nonblocking
+// after the other, as blocking collectives on the node communicators (per slice where that
+// applies). Not libnbc's nonblocking
 // ones, which the async path pipelines: Open MPI 4.1's nonblocking reduce and broadcast of large
 // messages are several times slower than the blocking ones (docs/cluster.md), and a sync call
 // has nothing to overlap. The caller has waited for every stage an earlier async call drew
@@ -213,7 +253,9 @@ std::optional<DataCall> node_stage(const CollectiveCall& call, const GroupState&
 void run_blocking(const CollectiveCall& call, const GroupState& g, std::byte* p, int count,
                   DType dtype) {
   if (!node_aware(g)) return start_or_run(call, g.rank, g.comm, p, count, dtype, nullptr);
-  note_node_aware(1);
+  const bool slices = per_slice(call, g, count);
+  note_node_aware(1, slices);
+  if (slices) return run_per_slice(call, g, p, count, dtype);
   for (int s = 0; s < 3; ++s)
     if (auto c = node_stage(call, g, s, p, count, dtype)) post(*c, nullptr);
 }
@@ -288,7 +330,7 @@ void WireBucket::post(const CollectiveCall& call, const std::shared_ptr<GroupSta
                    [&](std::size_t off, int n) { t->messages.emplace_back(off, n); });
   for (std::size_t s = 0; s < 3; ++s)
     t->first[s] = g->nodes.drawn[s].fetch_add(t->messages.size(), std::memory_order_relaxed);
-  note_node_aware(t->messages.size());
+  note_node_aware(t->messages.size(), false);
   advance_stages(t, st);
 }
 

@@ -80,11 +80,14 @@ Config read() {
   if (auto v = env("TD_HIERARCHICAL")) {
     if (*v == "auto") {
       c.hierarchical = 2;
+    } else if (*v == "leaders") {
+      c.hierarchical = 3;
     } else {
       try {
         c.hierarchical = parse_bool("TD_HIERARCHICAL", *v) ? 1 : 0;
       } catch (const std::invalid_argument&) {
-        throw std::invalid_argument(fmt::format("TD_HIERARCHICAL={}: expected 1, 0 or auto", *v));
+        throw std::invalid_argument(
+            fmt::format("TD_HIERARCHICAL={}: expected 1, 0, auto or leaders", *v));
       }
     }
   }

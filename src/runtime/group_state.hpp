@@ -35,6 +35,8 @@ struct NodeSplit {
   MPI_Comm within = MPI_COMM_NULL;   // this rank's node: the first stage (reduce, or broadcast)
   MPI_Comm within2 = MPI_COMM_NULL;  // a duplicate of `within`: the last stage (broadcast)
   MPI_Comm leaders = MPI_COMM_NULL;  // rank 0 of every node (MPI_COMM_NULL elsewhere)
+  MPI_Comm slices = MPI_COMM_NULL;   // the ranks of this local rank, one per node, by node
+  bool equal = false;                // every node has `largest` ranks: the per-slice stages apply
   int local_rank = 0;                // in `within`: by group rank, so the node's lowest is 0
   int nodes = 1;
   int largest = 1;            // ranks on the fullest node

@@ -51,7 +51,7 @@ bool mpi_finalized() {
 
 GroupState::~GroupState() {
   if (mpi_finalized()) return;
-  for (MPI_Comm* c : {&nodes.within, &nodes.within2, &nodes.leaders, &comm})
+  for (MPI_Comm* c : {&nodes.within, &nodes.within2, &nodes.leaders, &nodes.slices, &comm})
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
 }
 
@@ -70,7 +70,7 @@ bool node_aware(const GroupState& g) {
   // large message (a consolidated dict, one tensor), so the automatic choice is opt-in
   // (TD_HIERARCHICAL=auto).
   const int mode = config().hierarchical;
-  if (mode != 2) return mode == 1;
+  if (mode != 2) return mode == 1 || mode == 3;
   return g.nodes.nodes > 1 && g.nodes.largest > 1;
 }
 
@@ -122,6 +122,8 @@ void split_by_node(GroupState& g) {
     TD_MPI_CHECK(MPI_Comm_set_errhandler(n.leaders, MPI_ERRORS_RETURN));
     TD_MPI_CHECK(MPI_Comm_rank(n.leaders, &node));
   }
+  TD_MPI_CHECK(MPI_Comm_split(g.comm, n.local_rank, g.rank, &n.slices));
+  TD_MPI_CHECK(MPI_Comm_set_errhandler(n.slices, MPI_ERRORS_RETURN));
   TD_MPI_CHECK(MPI_Bcast(&node, 1, MPI_INT, 0, n.within));
   std::vector<int> mine = {node, n.local_rank};
   std::vector<int> all(2 * static_cast<std::size_t>(g.size));
@@ -137,6 +139,7 @@ void split_by_node(GroupState& g) {
   n.nodes = static_cast<int>(
       std::count_if(per_node.begin(), per_node.end(), [](int c) { return c > 0; }));
   n.largest = *std::max_element(per_node.begin(), per_node.end());
+  n.equal = n.largest * n.nodes == g.size;
 }
 
 // Whether `version` (MPI_Get_library_version's text) is Open MPI before version 5 (its TCP
