@@ -247,8 +247,8 @@ void run_per_slice(const CollectiveCall& call, const GroupState& g, std::byte* p
 // after the other, as blocking collectives on the node communicators (per slice where that
 // applies). Not libnbc's nonblocking ones, which the async path pipelines: Open MPI 4.1's
 // nonblocking reduce and broadcast of large messages are several times slower than the blocking
-// ones (docs/cluster.md), and a sync call has nothing to overlap. The caller has waited for every stage an earlier async call drew
-// (await_node_stages).
+// ones (docs/cluster.md), and a sync call has nothing to overlap. The caller has waited for every
+// stage an earlier async call drew (await_node_stages).
 void run_blocking(const CollectiveCall& call, const GroupState& g, std::byte* p, int count,
                   DType dtype) {
   if (!node_aware(g)) return start_or_run(call, g.rank, g.comm, p, count, dtype, nullptr);
