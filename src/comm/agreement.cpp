@@ -12,6 +12,7 @@
 #include "core/config.hpp"
 #include "runtime/deadline.hpp"
 #include "runtime/log.hpp"
+#include "runtime/nbc_tuning.hpp"
 
 namespace td::detail {
 
@@ -169,12 +170,15 @@ bool agree(GroupState& g, const CollectiveCall& call, std::optional<std::size_t>
   std::uint64_t h = config().check_layout ? a.layout_hash : 0x6c61796f7574ull;
   for (unsigned char c : header) h = mix(h, c);
   for (unsigned char c : arg_error) h = mix(h, c);
-  auto buf = std::make_shared<std::array<std::uint64_t, 3>>();
+  // Three words, padded with zeros (MAX's identity) so that libnbc keeps its tree on 4, 8...
+  // ranks (runtime/nbc_tuning.hpp).
+  const int words = padded_count(3, g.size);
+  auto buf = std::make_shared<std::vector<std::uint64_t>>(static_cast<std::size_t>(words), 0);
   (*buf)[0] = h;
   (*buf)[1] = ~h;
   (*buf)[2] = a.memory->one_span_per_dtype ? 0 : 1;
   post_and_wait(
-      control(allreduce_call(MPI_IN_PLACE, buf->data(), 3, MPI_UINT64_T, MPI_MAX, g.comm)),
+      control(allreduce_call(MPI_IN_PLACE, buf->data(), words, MPI_UINT64_T, MPI_MAX, g.comm)),
       deadline,
       [&] {
         return fmt::format(

@@ -3,7 +3,6 @@
 #include <utility>
 
 #include "runtime/mpi_error.hpp"
-#include "runtime/nbc_tuning.hpp"
 #include "runtime/work_state.hpp"
 
 namespace td::detail {
@@ -27,7 +26,7 @@ void post(const DataCall& c, MPI_Request* req) {
                        : MPI_Bcast(c.recv, c.count, c.type, c.root, c.comm));
       return;
     case Op::Allreduce:
-      TD_MPI_CHECK(req ? tuned_iallreduce(c.send, c.recv, c.count, c.type, c.reduce_op, c.comm, req)
+      TD_MPI_CHECK(req ? MPI_Iallreduce(c.send, c.recv, c.count, c.type, c.reduce_op, c.comm, req)
                        : MPI_Allreduce(c.send, c.recv, c.count, c.type, c.reduce_op, c.comm));
       return;
     case Op::Reduce:

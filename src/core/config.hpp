@@ -27,7 +27,7 @@ struct Config {
   // TD_MALLOC_MMAP_THRESHOLD (bytes, or "off" = 0): glibc's mmap threshold set at init; the trim
   // threshold becomes 4x that. See apply_malloc_tuning().
   std::size_t malloc_mmap_threshold = std::size_t{64} << 20;
-  bool tune_mpi = true;   // TD_TUNE_MPI (1/0): runtime/nbc_tuning.hpp
+  bool tune_mpi = true;   // TD_TUNE_MPI (1/0): tune_libnbc_before_init()
   bool hugepages = true;  // TD_HUGEPAGES (1/0): storages of 2 MiB or more on transparent huge pages
   std::size_t flight_recorder = 1024;  // TD_FLIGHT_RECORDER: calls kept in the ring (0: none)
   std::string flight_recorder_dir;     // TD_FLIGHT_RECORDER_DIR: where dumps go ("": none)

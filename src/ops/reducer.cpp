@@ -22,6 +22,7 @@
 #include "core/dict_internal.hpp"
 #include "runtime/deadline.hpp"
 #include "runtime/log.hpp"
+#include "runtime/nbc_tuning.hpp"
 #include "runtime/progress.hpp"
 
 namespace td {
@@ -467,9 +468,12 @@ struct Reducer::Impl {
 
   // uneven_inputs: the step flag (see `flag`).
   void make_flag() {
+    // One vote, padded with zeros (SUM's identity) so that libnbc keeps its tree on 4, 8...
+    // ranks (runtime/nbc_tuning.hpp).
+    const int words = detail::padded_count(1, group->size);
     flag.dtype = DType::Int32;
-    flag.nbytes = sizeof(std::int32_t);
-    flag.storage = Tensor::zeros({1}, DType::Int32);
+    flag.nbytes = static_cast<std::size_t>(words) * sizeof(std::int32_t);
+    flag.storage = Tensor::zeros({words}, DType::Int32);
     flag.describe = fmt::format(
         "Reducer step flag (uneven_inputs: 4 B, the vote of every rank for the next step) in a "
         "group of {} ranks (a rank out of data must call join(); one that stopped calling the "

@@ -265,7 +265,9 @@ void init_impl(int* argc, char*** argv, const InitOptions& options) {
   const MallocTuning& malloc_tuning = apply_malloc_tuning();  // before MPI allocates anything
   int initialized = 0;
   MPI_Initialized(&initialized);
+  std::string mpi_tuning;
   if (!initialized) {
+    mpi_tuning = tune_libnbc_before_init();
     int provided = 0;
     // MULTIPLE: the progress thread tests requests while the caller may be in MPI too.
     const int rc = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
@@ -275,7 +277,6 @@ void init_impl(int* argc, char*** argv, const InitOptions& options) {
   rt.timeout = config().timeout.value_or(options.timeout);
   if (options.abort_on_uncaught_exception) std::set_terminate(&terminate_with_abort);
   create_mpi_types();
-  const std::string mpi_tuning = start_iallreduce_tuning();
   int size = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   std::vector<int> all(static_cast<std::size_t>(size));
@@ -367,10 +368,7 @@ void destroy_process_group() {
   }
   rt.groups.clear();
   rt.world.reset();
-  if (!finalized) {
-    detail::free_mpi_types();
-    detail::stop_iallreduce_tuning();
-  }
+  if (!finalized) detail::free_mpi_types();
   const bool finalize = rt.we_initialized_mpi && !finalized;
   rt.we_initialized_mpi = false;
   rt.initialized = false;

@@ -11,8 +11,6 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
-#include <cstdint>
-#include <cstdlib>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -225,52 +223,27 @@ TEST_CASE("the progress thread's default is progress_thread_on's for this job", 
         td::detail::progress_thread_on(td::get_world_size(), on_this_host, version, setting));
 }
 
-// libnbc's MPI_Iallreduce algorithm, chosen per call (runtime/nbc_tuning.hpp): the table of
-// docs/configuration.md.
-TEST_CASE("each MPI_Iallreduce of the library gets the algorithm chosen for its size",
+// libnbc's MPI_Iallreduce algorithm for the job (runtime/nbc_tuning.hpp), and the padding of the
+// library's small control messages that keeps Rabenseifner's algorithm off the ring.
+TEST_CASE("libnbc's algorithm for the job, and small control messages padded for it",
           "[nbc_tuning]") {
   using td::detail::iallreduce_algorithm_for;
   using td::detail::NbcAllreduce;
-  CHECK(iallreduce_algorithm_for(1, 1 << 20) == NbcAllreduce::LibnbcChoice);
-  for (std::size_t bytes : {std::size_t{4}, std::size_t{64} << 10, std::size_t{64} << 20})
-    CHECK(iallreduce_algorithm_for(2, bytes) == NbcAllreduce::Ring);
-  for (int ranks : {3, 4, 5, 8, 12})
-    CHECK(iallreduce_algorithm_for(ranks, (std::size_t{64} << 10) - 1) == NbcAllreduce::Binomial);
-  for (int ranks : {4, 8, 16, 64})
-    CHECK(iallreduce_algorithm_for(ranks, std::size_t{64} << 10) == NbcAllreduce::Rabenseifner);
-  for (int ranks : {3, 5, 6, 12}) {
-    CHECK(iallreduce_algorithm_for(ranks, std::size_t{256} << 10) == NbcAllreduce::Binomial);
-    CHECK(iallreduce_algorithm_for(ranks, std::size_t{512} << 10) == NbcAllreduce::Ring);
-  }
-
-  // On by default; the process-wide variable is put back after each call (a user's own
-  // MPI_Iallreduce keeps libnbc's choice), and every size sums right whatever runs it.
-  const char* tune = std::getenv("TD_TUNE_MPI");
-  const bool off = tune != nullptr && std::string(tune) == "0";
-  const bool user = std::getenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm") != nullptr;
-  CHECK(td::detail::iallreduce_tuning_active() == (!off && !user));
-  int provided = 0;
-  REQUIRE(MPI_T_init_thread(MPI_THREAD_MULTIPLE, &provided) == MPI_SUCCESS);
-  int index = -1, count = 0, before = -1, after = -1;
-  MPI_T_cvar_handle handle = MPI_T_CVAR_HANDLE_NULL;
-  REQUIRE(MPI_T_cvar_get_index("coll_libnbc_iallreduce_algorithm", &index) == MPI_SUCCESS);
-  REQUIRE(MPI_T_cvar_handle_alloc(index, nullptr, &handle, &count) == MPI_SUCCESS);
-  MPI_T_cvar_read(handle, &before);
-  int size = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  for (int n : {1, 3, 16 << 10, 128 << 10, 1 << 20}) {
-    std::vector<std::int32_t> v(static_cast<std::size_t>(n));
-    std::iota(v.begin(), v.end(), 0);
-    MPI_Request req = MPI_REQUEST_NULL;
-    REQUIRE(td::detail::tuned_iallreduce(MPI_IN_PLACE, v.data(), n, MPI_INT32_T, MPI_SUM,
-                                         MPI_COMM_WORLD, &req) == MPI_SUCCESS);
-    MPI_Wait(&req, MPI_STATUS_IGNORE);
-    std::size_t wrong = 0;
-    for (std::size_t i = 0; i < v.size(); ++i) wrong += v[i] != static_cast<std::int32_t>(i) * size;
-    CHECK(wrong == 0);
-    MPI_T_cvar_read(handle, &after);
-    CHECK(after == before);
-  }
-  MPI_T_cvar_handle_free(&handle);
-  MPI_T_finalize();
+  using td::detail::padded_count;
+  CHECK(iallreduce_algorithm_for(1) == NbcAllreduce::LibnbcChoice);
+  CHECK(iallreduce_algorithm_for(2) == NbcAllreduce::Ring);
+  for (long ranks : {3L, 5L, 6L, 7L, 12L})
+    CHECK(iallreduce_algorithm_for(ranks) == NbcAllreduce::LibnbcChoice);
+  for (long ranks : {4L, 8L, 16L, 1024L})
+    CHECK(iallreduce_algorithm_for(ranks) == NbcAllreduce::Rabenseifner);
+  // At least the largest power of two <= ranks (libnbc: count >= nprocs_pof2).
+  CHECK(padded_count(3, 1) == 3);
+  CHECK(padded_count(3, 2) == 3);
+  CHECK(padded_count(3, 3) == 3);
+  CHECK(padded_count(3, 4) == 4);
+  CHECK(padded_count(1, 4) == 4);
+  CHECK(padded_count(3, 7) == 4);
+  CHECK(padded_count(3, 8) == 8);
+  CHECK(padded_count(1, 1000) == 512);
+  CHECK(padded_count(5000, 1000) == 5000);
 }
