@@ -3,8 +3,9 @@
 // (all of this library's) as a binomial reduce followed by a broadcast, whatever the size. The
 // library sets it for the job before MPI_Init
 // (docs/configuration.md#open-mpis-nonblocking-allreduce). Not per call: the setting is the whole
-// process's, and a program thread's own MPI_Iallreduce started while the library had changed it
-// would run another algorithm than its peers' (measured: MPI_ERR_TRUNCATE in libnbc).
+// process's, so a call that must match one of the library's but is posted by other code would run
+// another algorithm than the library's on the other ranks (seen with the suite's raw agreement
+// peers: MPI_ERR_TRUNCATE in libnbc).
 #pragma once
 
 #include <cstddef>
