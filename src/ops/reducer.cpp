@@ -475,7 +475,7 @@ struct Reducer::Impl {
     flag.nbytes = static_cast<std::size_t>(words) * sizeof(std::int32_t);
     flag.storage = Tensor::zeros({words}, DType::Int32);
     flag.describe = fmt::format(
-        "Reducer step flag (uneven_inputs: 4 B, the vote of every rank for the next step) in a "
+        "Reducer step flag (uneven_inputs: the vote of every rank for the next step) in a "
         "group of {} ranks (a rank out of data must call join(); one that stopped calling the "
         "Reducer without join() leaves the others waiting here)",
         group->size);
