@@ -257,8 +257,8 @@ std::array<std::uint64_t, 3> shared_cache_entry(GroupState& g, const CacheFile& 
   return shared;
 }
 
-// Every pass's time of every size, at debug level.
-void log_passes(const std::vector<autotune::Timings>& ladder) {
+// Every pass's time of every size, at debug level; `what` says which measurement it was.
+void log_passes(const std::vector<autotune::Timings>& ladder, std::string_view what) {
   log_debug([&] {
     std::string passes;
     auto ms = [](const std::vector<double>& v) {
@@ -268,9 +268,11 @@ void log_passes(const std::vector<autotune::Timings>& ladder) {
     };
     for (const auto& t : ladder)
       passes +=
-          fmt::format(" {}KiB: packed {} bare {} ms;", t.bytes >> 10, ms(t.packed), ms(t.bare));
-    return fmt::format("auto buckets: each pass's fastest of {} ({} up to {} KiB):{}", kRepsPerPass,
-                       kRepsPerPassSmall, kSmallBytes >> 10, passes);
+          fmt::format(" {}: packed {}{} ms;",
+                      t.bytes % 1024 ? fmt::format("{} B", t.bytes) : kib(t.bytes), ms(t.packed),
+                      t.bare.empty() ? "" : " bare " + ms(t.bare));
+    return fmt::format("auto buckets, {}: each pass's fastest of {} ({} up to {} KiB):{}", what,
+                       kRepsPerPass, kRepsPerPassSmall, kSmallBytes >> 10, passes);
   });
 }
 
@@ -328,8 +330,9 @@ std::pair<TunedBuckets, std::string> resolve(GroupState& g) {
   std::string story;
   if (shared[0] > 0) {
     const std::size_t cap = shared[0];
-    const autotune::SpotCheck verdict =
-        autotune::check_cached_cap(cap, time_sizes(g, autotune::spot_check_sizes(cap), false));
+    const auto spot = time_sizes(g, autotune::spot_check_sizes(cap), false);
+    if (g.rank == 0) log_passes(spot, "spot check of the cached cap");
+    const autotune::SpotCheck verdict = autotune::check_cached_cap(cap, spot);
     if (!verdict.off)
       return {{cap, shared[1]},
               fmt::format("from the cache {} (spot check against its neighbours: ok)",
@@ -346,7 +349,7 @@ std::pair<TunedBuckets, std::string> resolve(GroupState& g) {
   const auto ladder =
       time_sizes(g, std::vector<std::size_t>(kLadder.begin(), kLadder.end()), true, &passes);
   const autotune::Choice c = autotune::choose(ladder);
-  if (g.rank == 0) log_passes(ladder);
+  if (g.rank == 0) log_passes(ladder, "the ladder");
   story += cache_measured(g, c, ladder, passes, cache);
   story += fmt::format(" (per size, median packed cycle / bare allreduce:{})", ladder_text(ladder));
   return {{c.cap, c.direct_bytes}, story};
