@@ -75,7 +75,8 @@ test-cluster: deps build
 
 # The node-aware benchmark across hosts (scripts/td-bench-cluster, docs/cluster.md): 2 and 3 hosts
 # of the namespace cluster x 1, 2, 4 ranks per host, every link limited to BENCH_CLUSTER_RATE by
-# tc, shared memory within a host (btl self,vader,tcp); bench_allreduce (transformer, large) and
+# tc, shared memory within a host (btl self,vader,tcp), mpi_yield_when_idle=1 when the job has
+# more ranks than the machine has cores; bench_allreduce (transformer, large) and
 # the Reducer (bench_backward, at 2 hosts x 2 ranks), flat (TD_HIERARCHICAL=0) and node-aware
 # (=1) launched alternately in the same run, then one table with the bound 2(H-1)/H x bytes /
 # link rate: $(BUILD_DIR)/bench/cluster/summary.txt. Takes 15-30 minutes on 2 cores.
