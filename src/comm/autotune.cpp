@@ -267,10 +267,9 @@ void log_passes(const std::vector<autotune::Timings>& ladder, std::string_view w
       return out;
     };
     for (const auto& t : ladder)
-      passes +=
-          fmt::format(" {}: packed {}{} ms;",
-                      t.bytes % 1024 ? fmt::format("{} B", t.bytes) : kib(t.bytes), ms(t.packed),
-                      t.bare.empty() ? "" : " bare " + ms(t.bare));
+      passes += fmt::format(" {}: packed {}{} ms;",
+                            t.bytes % 1024 ? fmt::format("{} B", t.bytes) : kib(t.bytes),
+                            ms(t.packed), t.bare.empty() ? "" : " bare " + ms(t.bare));
     return fmt::format("auto buckets, {}: each pass's fastest of {} ({} up to {} KiB):{}", what,
                        kRepsPerPass, kRepsPerPassSmall, kSmallBytes >> 10, passes);
   });
