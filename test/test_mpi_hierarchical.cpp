@@ -222,6 +222,12 @@ TEST_CASE("node-aware all_reduce of a large tensor: several messages pipelined, 
     CHECK((td::packer_stats().node_aware_messages > 0) == expect_node_aware(every_rank()));
     CHECK((td::packer_stats().node_aware_slice_messages > 0) == slices);
     if (slices) CHECK(td::packer_stats().node_aware_slice_messages == 12);
+    // Between 3, 5, 6, 7... nodes each 2 MiB slice (4 MiB message, 2 ranks per node) crosses as
+    // a reduce-scatter and an allgather; between 2 or 4 nodes as one allreduce.
+    const auto nodes = ranks_per_node(every_rank()).size();
+    const bool split = slices && (nodes & (nodes - 1)) != 0 && ranks_per_node(every_rank())[0] == 2;
+    INFO(nodes << " nodes, per slice " << slices);
+    CHECK(td::packer_stats().node_aware_split_slices == (split ? 12u : 0u));
     td::reset_packer_stats();
     if (async) break;
     // A float sum whose order matters (values of every magnitude): the same bits on every rank.

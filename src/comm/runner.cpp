@@ -6,6 +6,8 @@
 #include <climits>
 #include <cstring>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -87,6 +89,13 @@ void note_node_aware(std::size_t messages, bool per_slice) {
   g_stats.node_aware_messages += messages;
   if (per_slice) g_stats.node_aware_slice_messages += messages;
 }
+
+namespace {
+void note_split_between_nodes() {
+  std::lock_guard lock(g_stats_mu);
+  ++g_stats.node_aware_split_slices;
+}
+}  // namespace
 
 namespace {
 void run_blocking(const CollectiveCall& call, const GroupState& g, std::byte* p, int count,
@@ -214,6 +223,50 @@ bool per_slice(const CollectiveCall& call, const GroupState& g, int count) {
          n.largest > 1 && n.nodes > 1 && count >= n.largest;
 }
 
+// `count` elements cut into `parts` consecutive pieces, the first count % parts one larger: the
+// counts and displacements of a reduce-scatter and allgatherv.
+std::pair<std::vector<int>, std::vector<int>> even_split(int count, int parts) {
+  std::vector<int> counts(static_cast<std::size_t>(parts)), displs(counts.size());
+  for (int i = 0, at = 0; i < parts; ++i) {
+    counts[static_cast<std::size_t>(i)] = count / parts + (i < count % parts ? 1 : 0);
+    displs[static_cast<std::size_t>(i)] = at;
+    at += counts[static_cast<std::size_t>(i)];
+  }
+  return {std::move(counts), std::move(displs)};
+}
+
+// Slices of at least this many bytes go between 3, 5, 6, 7... nodes as a reduce-scatter and an
+// allgather (allreduce_between_nodes).
+constexpr std::size_t kSplitBetweenNodesBytes = std::size_t{1} << 20;
+
+// The all-reduce of a slice between the nodes, on the slices communicator (one rank per node).
+// Open MPI 4.1's own choice for an allreduce of a large message on a number of ranks that is not
+// a power of two was 3x its ring across hosts (3 ranks on 3 hosts, 27 MB: 1000-1070 vs 350-400
+// ms, docs/cluster.md); a reduce-scatter then an allgather moves what the ring moves,
+// 2(H-1)/H of the slice over each node's link. Every rank ends with the same bits: each block is
+// reduced once, by one rank, and copied. Only the library's ops reach here (all commutative).
+void allreduce_between_nodes(const NodeSplit& n, std::byte* slice, int count, MPI_Datatype type,
+                             MPI_Op op, std::size_t item) {
+  const int nodes = n.nodes;
+  const bool power_of_two = (nodes & (nodes - 1)) == 0;
+  if (power_of_two || count < nodes ||
+      static_cast<std::size_t>(count) * item < kSplitBetweenNodesBytes) {
+    post(allreduce_call(MPI_IN_PLACE, slice, count, type, op, n.slices), nullptr);
+    return;
+  }
+  note_split_between_nodes();
+  const auto [counts, displs] = even_split(count, nodes);
+  int me = 0;
+  MPI_Comm_rank(n.slices, &me);  // the slices communicator orders the nodes by group rank
+  const auto mine = static_cast<std::size_t>(me);
+  std::byte* block = slice + static_cast<std::size_t>(displs[mine]) * item;
+  post(reduce_scatter_call(MPI_IN_PLACE, slice, counts.data(), type, op, n.slices), nullptr);
+  if (block != slice) std::memmove(block, slice, static_cast<std::size_t>(counts[mine]) * item);
+  post(allgatherv_call(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, slice, counts.data(), displs.data(),
+                       type, n.slices),
+       nullptr);
+}
+
 // One all_reduce message, node-aware per slice: each of a node's L ranks owns 1/L of the message
 // (its slice). A reduce-scatter within the node leaves each rank its slice summed over the node
 // (MPI_IN_PLACE puts it at the buffer's start: moved to its place); the ranks of one local rank,
@@ -226,18 +279,13 @@ void run_per_slice(const CollectiveCall& call, const GroupState& g, std::byte* p
   const MPI_Datatype type = mpi_datatype(dtype);
   const MPI_Op op = mpi_op(call.op, dtype);
   const int local = n.largest;
-  std::vector<int> counts(static_cast<std::size_t>(local)), displs(counts.size());
-  for (int i = 0, at = 0; i < local; ++i) {
-    counts[static_cast<std::size_t>(i)] = count / local + (i < count % local ? 1 : 0);
-    displs[static_cast<std::size_t>(i)] = at;
-    at += counts[static_cast<std::size_t>(i)];
-  }
+  const auto [counts, displs] = even_split(count, local);
   const auto mine = static_cast<std::size_t>(n.local_rank);
   const std::size_t item = itemsize(dtype);
   std::byte* slice = p + static_cast<std::size_t>(displs[mine]) * item;
   post(reduce_scatter_call(MPI_IN_PLACE, p, counts.data(), type, op, n.within), nullptr);
   if (slice != p) std::memmove(slice, p, static_cast<std::size_t>(counts[mine]) * item);
-  post(allreduce_call(MPI_IN_PLACE, slice, counts[mine], type, op, n.slices), nullptr);
+  allreduce_between_nodes(n, slice, counts[mine], type, op, item);
   post(allgatherv_call(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p, counts.data(), displs.data(), type,
                        n.within2),
        nullptr);
