@@ -222,12 +222,17 @@ TEST_CASE("node-aware all_reduce of a large tensor: several messages pipelined, 
     CHECK((td::packer_stats().node_aware_messages > 0) == expect_node_aware(every_rank()));
     CHECK((td::packer_stats().node_aware_slice_messages > 0) == slices);
     if (slices) CHECK(td::packer_stats().node_aware_slice_messages == 12);
-    // Between 3, 5, 6, 7... nodes each 2 MiB slice (4 MiB message, 2 ranks per node) crosses as
-    // a reduce-scatter and an allgather; between 2 or 4 nodes as one allreduce.
-    const auto nodes = ranks_per_node(every_rank()).size();
-    const bool split = slices && (nodes & (nodes - 1)) != 0 && ranks_per_node(every_rank())[0] == 2;
+    // Sync messages of 4 MiB between 3, 5, 6, 7... nodes cross as a reduce-scatter and an
+    // allgather: per slice (slices of 512 KiB or more: up to 8 ranks per node), or flat on a group
+    // of such a size whose ranks sit on several nodes; everything else as one allreduce.
+    const std::vector<int> per_node = ranks_per_node(every_rank());
+    const std::size_t nodes = per_node.size();
+    auto not_power_of_two = [](std::size_t k) { return (k & (k - 1)) != 0; };
+    const bool split = !async && (slices ? not_power_of_two(nodes) && per_node[0] <= 8
+                                         : !expect_node_aware(every_rank()) && nodes > 1 &&
+                                               not_power_of_two(static_cast<std::size_t>(size)));
     INFO(nodes << " nodes, per slice " << slices);
-    CHECK(td::packer_stats().node_aware_split_slices == (split ? 12u : 0u));
+    CHECK(td::packer_stats().split_allreduce_messages == (split ? 12u : 0u));
     td::reset_packer_stats();
     if (async) break;
     // A float sum whose order matters (values of every magnitude): the same bits on every rank.

@@ -21,9 +21,10 @@ struct PackerStats {
   /// of those, the sync all_reduce messages that ran per slice (a reduce-scatter within each
   /// node, each local rank's slice across the nodes, an allgather within each node)
   std::uint64_t node_aware_slice_messages = 0;
-  /// of those, the messages whose slices crossed the nodes as a reduce-scatter and an allgather
-  /// rather than one allreduce (3, 5, 6, 7... nodes, slices of 1 MiB or more)
-  std::uint64_t node_aware_split_slices = 0;
+  /// sync all_reduce messages (or, per slice, slices) of 512 KiB or more that crossed the nodes
+  /// as a reduce-scatter and an allgather rather than one allreduce: flat on a group of 3, 5,
+  /// 6, 7... ranks across several nodes, or per slice between 3, 5, 6, 7... nodes
+  std::uint64_t split_allreduce_messages = 0;
 };
 /// The counters since the last reset_packer_stats() (this process only).
 TD_API PackerStats packer_stats();

@@ -91,9 +91,9 @@ void note_node_aware(std::size_t messages, bool per_slice) {
 }
 
 namespace {
-void note_split_between_nodes() {
+void note_split_allreduce() {
   std::lock_guard lock(g_stats_mu);
-  ++g_stats.node_aware_split_slices;
+  ++g_stats.split_allreduce_messages;
 }
 }  // namespace
 
@@ -235,35 +235,37 @@ std::pair<std::vector<int>, std::vector<int>> even_split(int count, int parts) {
   return {std::move(counts), std::move(displs)};
 }
 
-// Slices of at least this many bytes go between 3, 5, 6, 7... nodes as a reduce-scatter and an
-// allgather (allreduce_between_nodes).
-constexpr std::size_t kSplitBetweenNodesBytes = std::size_t{1} << 20;
+// Messages of at least this many bytes between 3, 5, 6, 7... nodes run as a reduce-scatter and an
+// allgather (allreduce_across_nodes).
+constexpr std::size_t kSplitAllreduceBytes = std::size_t{512} << 10;
 
-// The all-reduce of a slice between the nodes, on the slices communicator (one rank per node).
-// Open MPI 4.1's own choice for an allreduce of a large message on a number of ranks that is not
-// a power of two was 3x its ring across hosts (3 ranks on 3 hosts, 27 MB: 1000-1070 vs 350-400
-// ms, docs/cluster.md); a reduce-scatter then an allgather moves what the ring moves,
-// 2(H-1)/H of the slice over each node's link. Every rank ends with the same bits: each block is
-// reduced once, by one rank, and copied. Only the library's ops reach here (all commutative).
-void allreduce_between_nodes(const NodeSplit& n, std::byte* slice, int count, MPI_Datatype type,
-                             MPI_Op op, std::size_t item) {
-  const int nodes = n.nodes;
-  const bool power_of_two = (nodes & (nodes - 1)) == 0;
-  if (power_of_two || count < nodes ||
-      static_cast<std::size_t>(count) * item < kSplitBetweenNodesBytes) {
-    post(allreduce_call(MPI_IN_PLACE, slice, count, type, op, n.slices), nullptr);
+// An in-place allreduce of `count` elements on `comm` (`ranks` ranks), whose ranks sit on several
+// nodes. Open MPI 4.1's own choice for a large allreduce on a number of ranks that is not a power
+// of two was 3x its ring across hosts (3 ranks on 3 hosts, 27 MB: 1000-1070 vs 350-400 ms; a
+// reduce-scatter then an allgatherv of it, 340-346 ms; 27 MB in 512 KiB messages 1657-1934 vs
+// 1959-2262 ms, no clear gain below: docs/cluster.md); a reduce-scatter then an
+// allgather moves what the ring moves, 2(H-1)/H of the bytes over each node's link. Such messages
+// go that way; others, and every power of two, as one MPI_Allreduce. Every rank ends with the
+// same bits: each block is reduced once, by one rank, and copied. Only the library's ops reach
+// here (all commutative).
+void allreduce_across_nodes(MPI_Comm comm, int ranks, std::byte* p, int count, MPI_Datatype type,
+                            MPI_Op op, std::size_t item) {
+  const bool power_of_two = (ranks & (ranks - 1)) == 0;
+  if (power_of_two || count < ranks ||
+      static_cast<std::size_t>(count) * item < kSplitAllreduceBytes) {
+    post(allreduce_call(MPI_IN_PLACE, p, count, type, op, comm), nullptr);
     return;
   }
-  note_split_between_nodes();
-  const auto [counts, displs] = even_split(count, nodes);
+  note_split_allreduce();
+  const auto [counts, displs] = even_split(count, ranks);
   int me = 0;
-  MPI_Comm_rank(n.slices, &me);  // the slices communicator orders the nodes by group rank
+  MPI_Comm_rank(comm, &me);
   const auto mine = static_cast<std::size_t>(me);
-  std::byte* block = slice + static_cast<std::size_t>(displs[mine]) * item;
-  post(reduce_scatter_call(MPI_IN_PLACE, slice, counts.data(), type, op, n.slices), nullptr);
-  if (block != slice) std::memmove(block, slice, static_cast<std::size_t>(counts[mine]) * item);
-  post(allgatherv_call(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, slice, counts.data(), displs.data(),
-                       type, n.slices),
+  std::byte* block = p + static_cast<std::size_t>(displs[mine]) * item;
+  post(reduce_scatter_call(MPI_IN_PLACE, p, counts.data(), type, op, comm), nullptr);
+  if (block != p) std::memmove(block, p, static_cast<std::size_t>(counts[mine]) * item);
+  post(allgatherv_call(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p, counts.data(), displs.data(), type,
+                       comm),
        nullptr);
 }
 
@@ -285,7 +287,9 @@ void run_per_slice(const CollectiveCall& call, const GroupState& g, std::byte* p
   std::byte* slice = p + static_cast<std::size_t>(displs[mine]) * item;
   post(reduce_scatter_call(MPI_IN_PLACE, p, counts.data(), type, op, n.within), nullptr);
   if (slice != p) std::memmove(slice, p, static_cast<std::size_t>(counts[mine]) * item);
-  allreduce_between_nodes(n, slice, counts[mine], type, op, item);
+  int nodes = 0;
+  MPI_Comm_size(n.slices, &nodes);
+  allreduce_across_nodes(n.slices, nodes, slice, counts[mine], type, op, item);
   post(allgatherv_call(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p, counts.data(), displs.data(), type,
                        n.within2),
        nullptr);
@@ -299,7 +303,12 @@ void run_per_slice(const CollectiveCall& call, const GroupState& g, std::byte* p
 // stage an earlier async call drew (await_node_stages).
 void run_blocking(const CollectiveCall& call, const GroupState& g, std::byte* p, int count,
                   DType dtype) {
-  if (!node_aware(g)) return start_or_run(call, g.rank, g.comm, p, count, dtype, nullptr);
+  if (!node_aware(g)) {
+    if (call.kind == CollectiveKind::AllReduce && g.nodes.nodes > 1)
+      return allreduce_across_nodes(g.comm, g.size, p, count, mpi_datatype(dtype),
+                                    mpi_op(call.op, dtype), itemsize(dtype));
+    return start_or_run(call, g.rank, g.comm, p, count, dtype, nullptr);
+  }
   const bool slices = per_slice(call, g, count);
   note_node_aware(1, slices);
   if (slices) return run_per_slice(call, g, p, count, dtype);
