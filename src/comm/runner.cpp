@@ -95,9 +95,7 @@ void note_split_allreduce() {
   std::lock_guard lock(g_stats_mu);
   ++g_stats.split_allreduce_messages;
 }
-}  // namespace
 
-namespace {
 void run_blocking(const CollectiveCall& call, const GroupState& g, std::byte* p, int count,
                   DType dtype);
 }  // namespace
