@@ -22,8 +22,9 @@ struct PackerStats {
   /// node, each local rank's slice across the nodes, an allgather within each node)
   std::uint64_t node_aware_slice_messages = 0;
   /// sync all_reduce messages (or, per slice, slices) of 512 KiB or more that crossed the nodes
-  /// as a reduce-scatter and an allgather rather than one allreduce: flat on a group of 3, 5,
-  /// 6, 7... ranks across several nodes, or per slice between 3, 5, 6, 7... nodes
+  /// as a reduce-scatter and an allgather rather than one allreduce: flat on a group of 3, 5, 6
+  /// or 7 ranks across several nodes, or node-aware between 3, 5, 6 or 7 nodes (counted on the
+  /// ranks that made those calls)
   std::uint64_t split_allreduce_messages = 0;
 };
 /// The counters since the last reset_packer_stats() (this process only).

@@ -288,9 +288,7 @@ void run_per_slice(const CollectiveCall& call, const GroupState& g, std::byte* p
   std::byte* slice = p + static_cast<std::size_t>(displs[mine]) * item;
   post(reduce_scatter_call(MPI_IN_PLACE, p, counts.data(), type, op, n.within), nullptr);
   if (slice != p) std::memmove(slice, p, static_cast<std::size_t>(counts[mine]) * item);
-  int nodes = 0;
-  MPI_Comm_size(n.slices, &nodes);
-  allreduce_across_nodes(n.slices, nodes, slice, counts[mine], type, op, item);
+  allreduce_across_nodes(n.slices, n.nodes, slice, counts[mine], type, op, item);
   post(allgatherv_call(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p, counts.data(), displs.data(), type,
                        n.within2),
        nullptr);
