@@ -117,14 +117,18 @@ void run_spans(const BucketPlan& plan, const CollectiveCall& call, GroupState& g
   }
 }
 
-// Which of the plan's buckets run in place on the leaves' memory (cached in `mem` per plan).
-std::vector<char> direct_buckets(const std::shared_ptr<const BucketPlan>& plan,
-                                 const LeafMemory& mem) {
+// Where each of the plan's buckets runs in place on the leaves' memory, null for a bucket that is
+// packed (cached in `mem` per plan).
+std::shared_ptr<const std::vector<std::byte*>> direct_buckets(
+    const std::shared_ptr<const BucketPlan>& plan, const LeafMemory& mem) {
   std::lock_guard lock(mem.direct_mu);
-  if (mem.direct_plan != plan) {
-    mem.direct.resize(plan->buckets.size());
-    for (std::size_t b = 0; b < plan->buckets.size(); ++b)
-      mem.direct[b] = static_cast<char>(bucket_is_contiguous_in_memory(plan->buckets[b], mem));
+  if (mem.direct_plan != plan || !mem.direct) {
+    auto at = std::make_shared<std::vector<std::byte*>>(plan->buckets.size(), nullptr);
+    for (std::size_t b = 0; b < plan->buckets.size(); ++b) {
+      const auto& bk = plan->buckets[b];
+      if (bucket_is_contiguous_in_memory(bk, mem)) (*at)[b] = mem.data[bk.slots[0].leaf];
+    }
+    mem.direct = std::move(at);
     mem.direct_plan = plan;
   }
   return mem.direct;
@@ -434,7 +438,8 @@ void run_sync(const std::shared_ptr<const BucketPlan>& plan_ptr, std::span<const
   const BucketPlan& plan = *plan_ptr;
   const Roles roles = roles_of(call, g.rank);
   std::size_t need = 0;
-  const std::vector<char> direct = direct_buckets(plan_ptr, mem);
+  const auto direct_ptr = direct_buckets(plan_ptr, mem);
+  const std::vector<std::byte*>& direct = *direct_ptr;
   for (std::size_t b = 0; b < plan.buckets.size(); ++b)
     if (!direct[b]) need = std::max(need, plan.buckets[b].nbytes);
   // TD_SYNC_PIPELINE=1: pack bucket k+1 while bucket k is in flight as a nonblocking collective
@@ -446,8 +451,7 @@ void run_sync(const std::shared_ptr<const BucketPlan>& plan_ptr, std::span<const
   const ScratchLease scratch(g, need > 0 ? stride * slots : 0);
   auto bucket = [&](std::size_t b) {
     const auto& bk = plan.buckets[b];
-    if (direct[b])
-      return WireBucket(bk.dtype, bk.nbytes, mem.data[bk.slots[0].leaf], false, call, roles, {});
+    if (direct[b]) return WireBucket(bk.dtype, bk.nbytes, direct[b], false, call, roles, {});
     return WireBucket(bk.dtype, bk.nbytes, scratch.data() + (b % slots) * stride, true, call, roles,
                       {});
   };
