@@ -49,6 +49,7 @@
 
 #include "comm/autotune_model.hpp"
 #include "comm/collective_engine.hpp"
+#include "comm/engine_internal.hpp"
 #include "comm/executor.hpp"
 #include "core/config.hpp"
 #include "runtime/deadline.hpp"
@@ -99,8 +100,21 @@ std::string local_setup() {
                      fmt::join(vars, ";"));
 }
 
-// Identifies the machines, rank count, MPI library and each rank's setup the measurement holds
-// for.
+// The path a sync message takes on this group (run_blocking), for the cache key and the log:
+// "flat", "flat across 3 nodes", "node-aware, 2 nodes of 2", "node-aware through the leaders, 2
+// nodes of up to 3 ranks".
+std::string message_path(const GroupState& g) {
+  const NodeSplit& n = g.nodes;
+  const std::string nodes =
+      fmt::format("{} nodes of {}{}", n.nodes, n.equal ? "" : "up to ", n.largest);
+  if (node_aware(g))
+    return fmt::format("node-aware{}, {}", config().hierarchical == 3 ? " through the leaders" : "",
+                       nodes);
+  return n.nodes > 1 ? fmt::format("flat across {} nodes", n.nodes) : std::string("flat");
+}
+
+// Identifies the machines, rank count, MPI library, each rank's setup and the messages' path the
+// measurement holds for.
 std::string cache_key(GroupState& g) {
   char host[256] = {};
   gethostname(host, sizeof host - 1);
@@ -113,7 +127,8 @@ std::string cache_key(GroupState& g) {
   MPI_Get_library_version(lib, &len);
   std::uint64_t h = std::hash<std::string>{}(std::string(lib, static_cast<std::size_t>(len)));
   for (auto v : all) h = h * 1099511628211ull ^ v;
-  return fmt::format("buckets-v3-{}ranks-{:016x}", g.size, h);
+  h = h * 1099511628211ull ^ std::hash<std::string>{}(message_path(g));
+  return fmt::format("buckets-v4-{}ranks-{:016x}", g.size, h);
 }
 
 // Times `op` `reps` times (after one untimed call when `warm_up`) and returns the fastest
@@ -165,17 +180,16 @@ std::vector<autotune::Timings> time_sizes(GroupState& g, const std::vector<std::
       auto& t = out[i];
       const int count = static_cast<int>(t.bytes / sizeof(float));
       const int reps = t.bytes <= kSmallBytes ? kRepsPerPassSmall : kRepsPerPass;
+      // Each message the way a call's goes on this group (node-aware stages, or a split across
+      // nodes): the best size differs by path.
       t.packed.push_back(fastest(g, reps, pass == 0, spent, [&] {
         std::memcpy(pack->data, leaves->data, t.bytes);
-        post(control(allreduce_call(MPI_IN_PLACE, pack->data, count, MPI_FLOAT, MPI_SUM, g.comm)),
-             nullptr);
+        time_allreduce_message(g, pack->data, count, DType::Float32);
         std::memcpy(leaves->data, pack->data, t.bytes);
       }));
       if (bare)
         t.bare.push_back(fastest(g, reps, pass == 0, spent, [&] {
-          post(control(
-                   allreduce_call(MPI_IN_PLACE, leaves->data, count, MPI_FLOAT, MPI_SUM, g.comm)),
-               nullptr);
+          time_allreduce_message(g, leaves->data, count, DType::Float32);
         }));
     }
   if (passes) *passes = pass;
@@ -379,6 +393,9 @@ TunedBuckets tuned_buckets(GroupState& g, Clock::time_point deadline,
     const auto start = Clock::now();
     std::string story;
     {
+      // The measurement posts blocking collectives on the node communicators: an earlier async
+      // call's stages must all be posted first, in the same order on every rank.
+      if (node_aware(g)) await_node_stages(g, limit, describe);
       BlockingPhase phase(limit, describe);
       std::tie(pick, story) = resolve(g);
     }
@@ -387,9 +404,9 @@ TunedBuckets tuned_buckets(GroupState& g, Clock::time_point deadline,
     // Every rank knows the same: said once per group, not once per rank.
     log_info_once(g.rank, [&] {
       return fmt::format(
-          "auto buckets: cap {}, leaves of {} or more sent alone; found in {} ms, "
+          "auto buckets: cap {}, leaves of {} or more sent alone (messages {}); found in {} ms, "
           "not counted in the call's timeout; {}",
-          kib(pick.cap), kib(pick.direct_bytes), cost, story);
+          kib(pick.cap), kib(pick.direct_bytes), message_path(g), cost, story);
     });
   }
   std::lock_guard lock(g.mu);

@@ -60,6 +60,9 @@ struct CollectiveCall {
   int root = 0;            // dst of reduce, src of broadcast
   std::string_view name;   // "all_reduce", "TensorDict.reduce", ... for messages
   bool from_dict = false;  // bucket_bytes applies (and TD_BUCKET_BYTES)
+  // The library's own messages (the bucket tuner timing the path a call's messages take): posted
+  // as control() calls, not counted in packer_stats().
+  bool control = false;
 };
 
 /// Where each leaf's elements start and which storage holds them (null for undefined and sparse

@@ -153,6 +153,11 @@ void note_node_aware(std::size_t messages, bool per_slice);
 /// progress thread; td::TimeoutError at `deadline`.
 void await_node_stages(GroupState& g, Clock::time_point deadline,
                        const std::function<std::string()>& describe);
+/// One sync all_reduce message (SUM) of `count` elements at `p`, the way a call's message goes
+/// on this group (flat, split across nodes, or node-aware): what the bucket tuner times. Its
+/// messages are control() calls, not counted in packer_stats(). On a node-aware group the caller
+/// has run await_node_stages first.
+void time_allreduce_message(const GroupState& g, std::byte* p, int count, DType dtype);
 /// Every rank consolidated: each dtype's span in place.
 void run_spans(const BucketPlan& plan, const CollectiveCall& call, GroupState& g,
                const LeafMemory& mem);

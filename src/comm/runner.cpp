@@ -44,13 +44,22 @@ Roles roles_of(const CollectiveCall& call, int rank) {
   }
 }
 
+namespace {
+// `c` as the call sends it: a control() call for the library's own messages.
+DataCall as_sent(const CollectiveCall& call, DataCall c) {
+  c.control = call.control;
+  return c;
+}
+}  // namespace
+
 void start_or_run(const CollectiveCall& call, int rank, MPI_Comm comm, std::byte* p, int count,
                   DType dtype, MPI_Request* req) {
   const MPI_Datatype type = mpi_datatype(dtype);
   switch (call.kind) {
     case CollectiveKind::AllReduce: {
       const MPI_Op op = mpi_op(call.op, dtype);
-      detail::post(detail::allreduce_call(MPI_IN_PLACE, p, count, type, op, comm), req);
+      detail::post(as_sent(call, detail::allreduce_call(MPI_IN_PLACE, p, count, type, op, comm)),
+                   req);
       break;
     }
     case CollectiveKind::Reduce: {
@@ -58,11 +67,12 @@ void start_or_run(const CollectiveCall& call, int rank, MPI_Comm comm, std::byte
       const bool root = rank == call.root;
       void* send = root ? MPI_IN_PLACE : p;
       void* recv = root ? p : nullptr;
-      detail::post(detail::reduce_call(send, recv, count, type, op, call.root, comm), req);
+      detail::post(as_sent(call, detail::reduce_call(send, recv, count, type, op, call.root, comm)),
+                   req);
       break;
     }
     case CollectiveKind::Broadcast:
-      detail::post(detail::bcast_call(p, count, type, call.root, comm), req);
+      detail::post(as_sent(call, detail::bcast_call(p, count, type, call.root, comm)), req);
       break;
     default:
       throw std::logic_error("start_or_run: not an in-place collective");
@@ -253,24 +263,24 @@ constexpr int kSplitAllreduceMaxRanks = 7;
 // go that way; others, and every power of two, as one MPI_Allreduce. Every rank ends with the
 // same bits: each block is reduced once, by one rank, and copied. Only the library's ops reach
 // here (all commutative).
-void allreduce_across_nodes(MPI_Comm comm, int ranks, std::byte* p, int count, MPI_Datatype type,
-                            MPI_Op op, std::size_t item) {
+void allreduce_across_nodes(const CollectiveCall& call, MPI_Comm comm, int ranks, std::byte* p,
+                            int count, MPI_Datatype type, MPI_Op op, std::size_t item) {
   const bool power_of_two = (ranks & (ranks - 1)) == 0;
   if (power_of_two || ranks > kSplitAllreduceMaxRanks || count < ranks ||
       static_cast<std::size_t>(count) * item < kSplitAllreduceBytes) {
-    post(allreduce_call(MPI_IN_PLACE, p, count, type, op, comm), nullptr);
+    post(as_sent(call, allreduce_call(MPI_IN_PLACE, p, count, type, op, comm)), nullptr);
     return;
   }
-  note_split_allreduce();
+  if (!call.control) note_split_allreduce();
   const auto [counts, displs] = even_split(count, ranks);
   int me = 0;
   MPI_Comm_rank(comm, &me);
   const auto mine = static_cast<std::size_t>(me);
   std::byte* block = p + static_cast<std::size_t>(displs[mine]) * item;
-  post(reduce_scatter_call(MPI_IN_PLACE, p, counts.data(), type, op, comm), nullptr);
+  post(as_sent(call, reduce_scatter_call(MPI_IN_PLACE, p, counts.data(), type, op, comm)), nullptr);
   if (block != p) std::memmove(block, p, static_cast<std::size_t>(counts[mine]) * item);
-  post(allgatherv_call(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p, counts.data(), displs.data(), type,
-                       comm),
+  post(as_sent(call, allgatherv_call(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p, counts.data(),
+                                     displs.data(), type, comm)),
        nullptr);
 }
 
@@ -290,11 +300,12 @@ void run_per_slice(const CollectiveCall& call, const GroupState& g, std::byte* p
   const auto mine = static_cast<std::size_t>(n.local_rank);
   const std::size_t item = itemsize(dtype);
   std::byte* slice = p + static_cast<std::size_t>(displs[mine]) * item;
-  post(reduce_scatter_call(MPI_IN_PLACE, p, counts.data(), type, op, n.within), nullptr);
+  post(as_sent(call, reduce_scatter_call(MPI_IN_PLACE, p, counts.data(), type, op, n.within)),
+       nullptr);
   if (slice != p) std::memmove(slice, p, static_cast<std::size_t>(counts[mine]) * item);
-  allreduce_across_nodes(n.slices, n.nodes, slice, counts[mine], type, op, item);
-  post(allgatherv_call(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p, counts.data(), displs.data(), type,
-                       n.within2),
+  allreduce_across_nodes(call, n.slices, n.nodes, slice, counts[mine], type, op, item);
+  post(as_sent(call, allgatherv_call(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p, counts.data(),
+                                     displs.data(), type, n.within2)),
        nullptr);
 }
 
@@ -308,21 +319,21 @@ void run_blocking(const CollectiveCall& call, const GroupState& g, std::byte* p,
                   DType dtype) {
   if (!node_aware(g)) {
     if (call.kind == CollectiveKind::AllReduce && g.nodes.nodes > 1)
-      return allreduce_across_nodes(g.comm, g.size, p, count, mpi_datatype(dtype),
+      return allreduce_across_nodes(call, g.comm, g.size, p, count, mpi_datatype(dtype),
                                     mpi_op(call.op, dtype), itemsize(dtype));
     return start_or_run(call, g.rank, g.comm, p, count, dtype, nullptr);
   }
   const bool slices = per_slice(call, g, count);
-  note_node_aware(1, slices);
+  if (!call.control) note_node_aware(1, slices);
   if (slices) return run_per_slice(call, g, p, count, dtype);
   for (int s = 0; s < 3; ++s) {
     if (s == 1 && call.kind == CollectiveKind::AllReduce) {  // between the nodes' first ranks
       if (g.nodes.leaders != MPI_COMM_NULL)
-        allreduce_across_nodes(g.nodes.leaders, g.nodes.nodes, p, count, mpi_datatype(dtype),
+        allreduce_across_nodes(call, g.nodes.leaders, g.nodes.nodes, p, count, mpi_datatype(dtype),
                                mpi_op(call.op, dtype), itemsize(dtype));
       continue;
     }
-    if (auto c = node_stage(call, g, s, p, count, dtype)) post(*c, nullptr);
+    if (auto c = node_stage(call, g, s, p, count, dtype)) post(as_sent(call, *c), nullptr);
   }
 }
 
@@ -360,6 +371,13 @@ void advance_stages(const std::shared_ptr<NodeAwareTransfer>& t, WorkState& st) 
 }
 
 }  // namespace
+
+void time_allreduce_message(const GroupState& g, std::byte* p, int count, DType dtype) {
+  CollectiveCall call;
+  call.name = "kAutoBucketBytes measurement";
+  call.control = true;
+  run_blocking(call, g, p, count, dtype);
+}
 
 void await_node_stages(GroupState& g, Clock::time_point deadline,
                        const std::function<std::string()>& describe) {

@@ -4,7 +4,8 @@
 #   measure stores an entry (or says why not: a noisy measurement is not kept);
 #   the "auto buckets" line is printed once per job, by rank 0, not once per rank;
 #   a cached cap that is clearly wrong (1 KiB) fails its spot check and is measured again (under
-#   a sanitizer, where 1 KiB measures cheapest, the verdict must follow from the logged timings).
+#   a sanitizer, where 1 KiB measures cheapest, the verdict must follow from the logged timings);
+#   node-aware (TD_HIERARCHICAL=1), the line names that path and the entry is the path's own.
 #   usage: test/autotune/check_td_autotune.sh <td-autotune> [mpiexec flags...]
 # Honours MPIEXEC.
 set -euo pipefail
@@ -31,7 +32,7 @@ grep -qF "cache directory: $TD_CACHE_DIR (0 entries)" <<<"$out" || fail "show: w
 step "show and clear: the tuner's entries, and only those"
 mkdir -p "$TD_CACHE_DIR"
 printf '1048576 262144\n# cap 1024 KiB, leaves of 256 KiB or more sent alone\n' \
-  >"$TD_CACHE_DIR/buckets-v3-2ranks-00000000000000aa"
+  >"$TD_CACHE_DIR/buckets-v4-2ranks-00000000000000aa"
 printf 'not ours\n' >"$TD_CACHE_DIR/notes.txt"
 out=$("$tool" show)
 echo "$out"
@@ -41,7 +42,7 @@ if grep -q notes.txt <<<"$out"; then fail "show lists a file that is not the tun
 out=$("$tool" clear)
 echo "$out"
 grep -qF "removed 1 entry from $TD_CACHE_DIR" <<<"$out" || fail "clear: wrong report"
-[[ ! -e $TD_CACHE_DIR/buckets-v3-2ranks-00000000000000aa ]] || fail "clear left the entry"
+[[ ! -e $TD_CACHE_DIR/buckets-v4-2ranks-00000000000000aa ]] || fail "clear left the entry"
 [[ -e $TD_CACHE_DIR/notes.txt ]] || fail "clear removed a file that is not the tuner's"
 "$tool" show | grep -qF "(0 entries)" || fail "show after clear: not empty"
 
@@ -122,6 +123,23 @@ auto_lines "$out"
 grep -qF "not cached: TD_AUTOTUNE_CACHE=0" <<<"$out" ||
   grep -qE "NOT cached: (the machine looks busy|[0-9] of 3 passes)" <<<"$out" ||
   fail "check: cache-off not reported"
+
+step "node-aware, the tuner times the node-aware path and caches it apart"
+# Two simulated nodes of one rank, TD_HIERARCHICAL=1: a call's messages go through the node
+# stages, so the tuner's measurement does too, and its entry is not the flat one's ($file).
+status=0
+out=$(TD_HIERARCHICAL=1 TD_TEST_RANKS_PER_NODE=1 "${mpi[@]}" -np 2 "$tool" measure 2>&1) ||
+  status=$?
+echo "$out"
+[[ $status -eq 0 || $status -eq 3 ]] || fail "node-aware measure: exit status $status"
+auto_lines "$out"
+grep -qF "(messages node-aware, 2 nodes of 1)" <<<"$out" ||
+  fail "node-aware measure: the line does not name the node-aware path"
+grep -qF "(messages flat)" <<<"$(TD_AUTOTUNE_CACHE=0 "${mpi[@]}" -np 2 "$tool" check 2>&1)" ||
+  fail "flat check: the line does not name the flat path"
+na_file=$(grep -oE "$TD_CACHE_DIR/buckets-[^ )]+" <<<"$out" | head -n 1)
+[[ -n $na_file && $na_file != "$file" ]] ||
+  fail "node-aware measure: cache file '$na_file' is the flat one's ('$file')"
 
 step "measure needs 2 ranks or more"
 status=0

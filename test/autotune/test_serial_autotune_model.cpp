@@ -150,7 +150,7 @@ TEST_CASE("a cached cap is off only when a neighbour beats it clearly in every p
 TEST_CASE("cache entries: written whole, read back with their notes", "[autotune]") {
   const auto dir =
       std::filesystem::temp_directory_path() / ("td_autotune_model_" + std::to_string(::getpid()));
-  const auto file = dir / "buckets-v3-2ranks-0123";
+  const auto file = dir / "buckets-v4-2ranks-0123";
   REQUIRE(
       autotune::write_cache_entry(file, {1 * MiB, 256 * KiB, {"measured here", "quiet"}}, "test"));
   const auto e = autotune::read_cache_entry(file);
