@@ -65,10 +65,10 @@ int ranks_on_this_host(MPI_Comm comm) {
 }
 
 bool node_aware(const GroupState& g) {
-  // Off unless asked: measured across 2 hosts x 2 ranks at 1 Gbit/s (docs/cluster.md), the
-  // node-aware path is faster for bucketed dicts and the Reducer but 1.2-1.3x slower for one
-  // large message (a consolidated dict, one tensor), so the automatic choice is opt-in
-  // (TD_HIERARCHICAL=auto).
+  // Off unless asked (TD_HIERARCHICAL=1, leaders or auto): measured on the namespace cluster at
+  // 1 Gbit/s (docs/cluster.md, 2026-12-06), node-aware wins at 3 hosts x 2 ranks (a consolidated
+  // dict 306 vs 663 ms flat) but loses at 3 x 4 (419 vs 363 ms), in the Reducer at 2 x 2 (256 vs
+  // 231 ms) and for one tensor at 2 x 4 (294 vs 231 ms): no setting wins everywhere.
   const int mode = config().hierarchical;
   if (mode != 2) return mode == 1 || mode == 3;
   return g.nodes.nodes > 1 && g.nodes.largest > 1;
