@@ -6,7 +6,6 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
-#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -116,25 +115,19 @@ std::vector<int> every_rank() {
   return all;
 }
 
-// Whether every rank of `comm` holds the same bytes in t: a 64-bit FNV-1a hash of them, its
-// minimum and maximum over the ranks. (Comparing against rank 0's bytes received by MPI_Bcast:
-// when another thread's MPI call progressed the broadcast, ThreadSanitizer reported every word of
-// that buffer as a race (Open MPI's synchronisation is invisible to it), and restoring the stacks
-// of each took minutes: a test-tsan timeout, caught under gdb. The hashes read only this rank's
-// own bytes.)
+// Whether every rank of `comm` holds the same bytes in t as the group's rank 0.
 bool same_bits_everywhere(const Tensor& t, MPI_Comm comm) {
   const Tensor c = t.contiguous();
-  std::vector<unsigned char> mine(c.nbytes());
+  std::vector<unsigned char> mine(c.nbytes()), first;
   td::visit(c.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (!mine.empty()) std::memcpy(mine.data(), c.data<T>(), mine.size());
   });
-  std::uint64_t h = 14695981039346656037ull;
-  for (unsigned char b : mine) h = (h ^ b) * 1099511628211ull;
-  std::uint64_t lo = h, hi = h;
-  MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_UINT64_T, MPI_MIN, comm);
-  MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_UINT64_T, MPI_MAX, comm);
-  return lo == hi;
+  first = mine;
+  MPI_Bcast(first.data(), static_cast<int>(first.size()), MPI_BYTE, 0, comm);
+  int same = first == mine ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &same, 1, MPI_INT, MPI_MIN, comm);
+  return same == 1;
 }
 
 // The leaves of a test dict of dtype T: a vector, a matrix (a bucket of several leaves) and one
