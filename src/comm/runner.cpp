@@ -132,7 +132,7 @@ void run_spans(const BucketPlan& plan, const CollectiveCall& call, GroupState& g
 std::shared_ptr<const std::vector<std::byte*>> direct_buckets(
     const std::shared_ptr<const BucketPlan>& plan, const LeafMemory& mem) {
   std::lock_guard lock(mem.direct_mu);
-  if (mem.direct_plan != plan || !mem.direct) {
+  if (mem.direct_plan != plan) {
     auto at = std::make_shared<std::vector<std::byte*>>(plan->buckets.size(), nullptr);
     for (std::size_t b = 0; b < plan->buckets.size(); ++b) {
       const auto& bk = plan->buckets[b];
