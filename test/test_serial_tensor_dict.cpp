@@ -95,6 +95,19 @@ TEST_CASE("keys: insertion order, nested, leaves only; canonical order is sorted
   CHECK(d.canonical_leaves().size() == 2);
   d.get_dict("m") = taken;
   CHECK(d.canonical_leaves().size() == 4);
+  // Moves alone, right after a check: no version is issued and no leaf changes, so only the move
+  // itself tells the cached order that the sub-dict's holder reaches another dict, or none.
+  TensorDict early;  // built before the check below
+  early.set("q", Tensor::zeros({1}, td::DType::Float32));
+  CHECK(d.canonical_leaves().size() == 4);
+  d.get_dict("m") = std::move(early);  // move-assigned into place
+  canon = d.canonical_leaves();
+  REQUIRE(canon.size() == 3);
+  CHECK(canon[1].first.str() == "m.q");
+  TensorDict moved_out(std::move(d.get_dict("m")));  // move-constructed out of place
+  CHECK_THROWS_AS(d.canonical_leaves(), td::Error);
+  d.get_dict("m") = std::move(moved_out);
+  CHECK(d.canonical_leaves().size() == 3);
   // other dicts changing do not disturb this one's order
   TensorDict other;
   other.set("x", Tensor::zeros({1}, td::DType::Float32));

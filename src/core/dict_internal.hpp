@@ -67,7 +67,8 @@ struct DictAccess {
   static std::uint64_t canonical_generation(const TensorDict& d);
   /// Every leaf sorted by key. Cached per dict and rebuilt only after a dict of its tree changed
   /// structure (set of a new key, erase, a sub-dict replaced), so a training loop pays the sort
-  /// once; checking the cache walks the tree without comparing keys.
+  /// once; checking the cache costs one load while no dict of the process changed structure or
+  /// was moved since the last check, otherwise a walk of the tree without comparing keys.
   static const std::vector<LeafRef>& canonical(const TensorDict& d);
 };
 

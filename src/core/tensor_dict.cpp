@@ -28,12 +28,19 @@ bool starts_with(const Shape& shape, const Shape& prefix) {
 }  // namespace
 
 namespace {
-// Versions are unique across all dicts of the process, not counted per dict: a dict freed and
+// Every structural event of any dict of the process: a version issued (an entry of some dict
+// added, removed or replaced) or a TensorDict moved (its holder now reaches another Impl, or
+// none). A canonical order found valid while the count stood where it stands now is still valid:
+// nothing its check reads has changed since (DictAccess::canonical's one-load path, as
+// TensorAccess::leaf_epoch is for the leaves' layouts).
+std::atomic<std::uint64_t> g_dict_events{0};
+
+// Versions are values of that count, so unique across all dicts of the process: a dict freed and
 // another allocated at the same address never look like the same dict at the same version.
 std::uint64_t next_dict_version() {
-  static std::atomic<std::uint64_t> last{0};
-  return last.fetch_add(1, std::memory_order_relaxed) + 1;
+  return g_dict_events.fetch_add(1, std::memory_order_relaxed) + 1;
 }
+void note_dict_moved() { g_dict_events.fetch_add(1, std::memory_order_relaxed); }
 }  // namespace
 
 struct TensorDict::Impl {
@@ -58,6 +65,7 @@ struct TensorDict::Impl {
   std::mutex cache_mutex;
   bool cache_valid = false;
   std::uint64_t cache_generation = 0;  // bumped on every rebuild
+  std::uint64_t cache_checked_at = 0;  // g_dict_events when the cache was last found valid
   // The dicts of the tree in walk order (parents before their sub-dicts), each with its version
   // and where its parent holds it (node 0, this dict, has none).
   struct CacheNode {
@@ -129,10 +137,14 @@ TensorDict& TensorDict::operator=(const TensorDict& other) {
   return *this;
 }
 // Moving a dict changes which Impl a parent reaches: a parent's canonical order, which
-// remembers the Impls of its tree, sees it on its next check.
-TensorDict::TensorDict(TensorDict&& other) noexcept : impl_(std::move(other.impl_)) {}
+// remembers the Impls of its tree, sees it on its next check (the move counts as an event, so
+// that check walks the tree).
+TensorDict::TensorDict(TensorDict&& other) noexcept : impl_(std::move(other.impl_)) {
+  note_dict_moved();
+}
 TensorDict& TensorDict::operator=(TensorDict&& other) noexcept {
   impl_ = std::move(other.impl_);
+  note_dict_moved();
   return *this;
 }
 
@@ -628,7 +640,14 @@ const std::vector<LeafRef>& DictAccess::canonical(const TensorDict& cd) {
     }
     return true;
   };
-  if (in.cache_valid && still_holds()) return in.cache;
+  // Read before the check: a structural change is never concurrent with a const call, so the
+  // count cannot move during the check or the rebuild below.
+  const std::uint64_t events = g_dict_events.load(std::memory_order_relaxed);
+  if (in.cache_valid && (in.cache_checked_at == events || still_holds())) {
+    in.cache_checked_at = events;
+    return in.cache;
+  }
+  in.cache_checked_at = events;
   in.cache_valid = false;  // until rebuilt (the walk throws on a moved-from sub-dict)
   in.published_generation.store(0, std::memory_order_relaxed);
   in.cache_nodes.clear();
