@@ -97,8 +97,8 @@ constexpr std::size_t kSizeWords = 2 + td::kNumDTypes;
 constexpr std::size_t kGuardWord = 1 + td::kNumDTypes;
 constexpr std::size_t kHeaderWords = 3 + kSizeWords;
 
-// Rank 0 playing a transport peer with raw MPI on the world's communicator: the agreement (an
-// MPI_Iallreduce MAX of three words, to which zeros contribute nothing), the status rounds, and
+// Rank 0 playing a transport peer with raw MPI on the world's communicator: the agreement (a MAX
+// of three words, to which zeros contribute nothing), the status rounds, and
 // genuine metadata learnt from a library sender.
 struct RawPeer {
   MPI_Comm comm = td::world().comm();
@@ -112,9 +112,7 @@ struct RawPeer {
   // A status round where this rank saw nothing wrong: the rejecting rank's text, or "".
   std::string status_round() const {
     std::uint64_t w = 0;
-    MPI_Request req = MPI_REQUEST_NULL;
-    MPI_Iallreduce(MPI_IN_PLACE, &w, 1, MPI_UINT64_T, MPI_MAX, comm, &req);
-    MPI_Wait(&req, MPI_STATUS_IGNORE);
+    tdtest::raw_max_round(&w, 1, comm);
     if (w == 0) return {};
     const int rejecting = static_cast<int>(w - 1);
     std::uint64_t len = 0;

@@ -147,6 +147,7 @@ struct WireBucket {
 void note_extra_bytes(std::size_t n);
 void note_plan(bool hit);
 void note_node_aware(std::size_t messages, bool per_slice);
+void note_gathered_allreduce();
 /// Before a sync call on a node-aware group posts its stages as blocking collectives: waits
 /// until every stage an earlier async call drew has been posted (each node communicator's
 /// collectives must be issued in one order on every rank), driving their progress without the

@@ -1,8 +1,11 @@
 #include "comm/executor.hpp"
 
+#include <cstring>
 #include <utility>
 
+#include "comm/engine_internal.hpp"
 #include "runtime/mpi_error.hpp"
+#include "runtime/nbc_tuning.hpp"
 #include "runtime/work_state.hpp"
 
 namespace td::detail {
@@ -239,9 +242,54 @@ void post_into(WorkState& w, const DataCall& call, const char* phase) {
     w.receive_checks.push_back({w.requests.size() - 1, call.type, call.count, call.root, phase});
 }
 
+std::shared_ptr<GatheredAllreduce> GatheredAllreduce::for_call(const DataCall& call) {
+  if (call.op != DataCall::Op::Allreduce || call.send != MPI_IN_PLACE || !libnbc_runs_ring())
+    return nullptr;
+  int ranks = 0;
+  TD_MPI_CHECK(MPI_Comm_size(call.comm, &ranks));
+  if (ranks < 3 || ranks > kMaxRanks) return nullptr;
+  int item = 0;
+  TD_MPI_CHECK(MPI_Type_size(call.type, &item));
+  const std::size_t bytes = static_cast<std::size_t>(call.count) * static_cast<std::size_t>(item);
+  if (bytes >= kMaxBytes) return nullptr;
+  note_gathered_allreduce();
+  return std::make_shared<GatheredAllreduce>(call, ranks, bytes);
+}
+
+GatheredAllreduce::GatheredAllreduce(const DataCall& call, int ranks, std::size_t bytes)
+    : call_(call),
+      ranks_(ranks),
+      bytes_(bytes),
+      all_(std::make_unique<std::byte[]>(bytes * static_cast<std::size_t>(ranks))) {}
+
+DataCall GatheredAllreduce::gather() const {
+  DataCall c = allgather_call(call_.recv, call_.count, call_.type, all_.get(), call_.count,
+                              call_.type, call_.comm);
+  c.control = call_.control;
+  return c;
+}
+
+void GatheredAllreduce::reduce() const {
+  auto* out = static_cast<std::byte*>(call_.recv);
+  if (bytes_ > 0) std::memcpy(out, all_.get(), bytes_);
+  // In rank order on every rank: each rank computes the same sequence of operations.
+  for (int r = 1; r < ranks_; ++r)
+    TD_MPI_CHECK(MPI_Reduce_local(all_.get() + static_cast<std::size_t>(r) * bytes_, out,
+                                  call_.count, call_.type, call_.reduce_op));
+}
+
 void post_and_wait(const DataCall& call, std::chrono::steady_clock::time_point deadline,
                    const std::function<std::string()>& describe, std::shared_ptr<void> hold) {
   MPI_Request req = MPI_REQUEST_NULL;
+  if (auto gathered = GatheredAllreduce::for_call(call)) {
+    post(gathered->gather(), &req);
+    // Both leaked if the wait gives up: MPI may still write into the gather's buffer.
+    wait_until(req, deadline, describe,
+               std::make_shared<std::pair<std::shared_ptr<void>, std::shared_ptr<void>>>(
+                   std::move(hold), gathered));
+    gathered->reduce();
+    return;
+  }
   post(call, &req);
   wait_until(req, deadline, describe, std::move(hold));
 }
@@ -256,11 +304,18 @@ Step::Step(std::chrono::steady_clock::time_point deadline, std::function<std::st
     : deadline_(deadline), describe_(std::move(describe)), hold_(std::move(hold)), what_(what) {}
 
 Step::~Step() {
-  if (!requests_.empty()) leak(std::move(hold_));
+  if (requests_.empty()) return;
+  leak(std::move(hold_));
+  for (auto& g : gathered_) leak(std::move(g));
 }
 
 void Step::post(const DataCall& call, std::string phase) {
   requests_.push_back(MPI_REQUEST_NULL);
+  if (auto gathered = GatheredAllreduce::for_call(call)) {
+    detail::post(gathered->gather(), &requests_.back());
+    gathered_.push_back(std::move(gathered));
+    return;
+  }
   detail::post(call, &requests_.back());
   if (call.op == DataCall::Op::Recv)
     checks_.push_back({requests_.size() - 1, call, std::move(phase)});
@@ -272,6 +327,9 @@ void Step::wait() {
   for (std::size_t i = 0; i < requests_.size(); ++i)
     wait_until(requests_[i], deadline_, describe_, hold_, &statuses[i]);
   requests_.clear();
+  const auto gathered = std::move(gathered_);
+  gathered_.clear();
+  for (const auto& g : gathered) g->reduce();
   const auto checks = std::move(checks_);
   checks_.clear();
   for (const Check& c : checks)

@@ -105,6 +105,34 @@ DataCall reduce_scatter_call(const void* send, void* recv, const int* counts, MP
                              MPI_Op op, MPI_Comm comm);
 DataCall barrier_call(MPI_Comm comm);
 
+/// A small in-place allreduce run as an allgather of every rank's values and a reduction in rank
+/// order on every rank (the same bits everywhere), where this process's libnbc runs its ring
+/// (runtime/nbc_tuning.hpp): the ring's 2(p-1) rounds made a message of up to 16 KiB 2-3x slower
+/// than libnbc's tree across hosts (3 hosts x 1: 200-280 against 80-150 us; x 2: 720-970 against
+/// 290-400 us), the gather as fast as the tree (75-115 and 300-480 us); from 64 KiB the ring
+/// wins (docs/configuration.md). post_and_wait, Step and the async buckets take this path by
+/// themselves: post gather(), then reduce() once it completed.
+class GatheredAllreduce {
+ public:
+  /// Messages below this many bytes...
+  static constexpr std::size_t kMaxBytes = std::size_t{32} << 10;
+  /// ... on 3 to this many ranks (the gather brings every rank's copy).
+  static constexpr int kMaxRanks = 8;
+  /// The gather for `call` (an in-place allreduce, nonblocking), or null where it runs as posted.
+  static std::shared_ptr<GatheredAllreduce> for_call(const DataCall& call);
+  GatheredAllreduce(const DataCall& call, int ranks, std::size_t bytes);
+  /// What to post instead of the allreduce (its `control` flag kept).
+  DataCall gather() const;
+  /// Reduces the gathered values, rank 0's first, into the allreduce's buffer.
+  void reduce() const;
+
+ private:
+  DataCall call_;
+  int ranks_;
+  std::size_t bytes_;  // one rank's values
+  std::unique_ptr<std::byte[]> all_;
+};
+
 /// Posts `call` and waits for it against `deadline` (td::TimeoutError from `describe`, with
 /// `hold` leaked rather than freed): a step of one call, without Step's bookkeeping (the
 /// agreement's round runs on every collective). Not for receives (their counts are Step's).
@@ -152,6 +180,7 @@ class Step {
     std::string phase;
   };
   std::vector<Check> checks_;
+  std::vector<std::shared_ptr<GatheredAllreduce>> gathered_;  // reduced once the step completes
 };
 
 }  // namespace td::detail

@@ -100,6 +100,11 @@ void note_node_aware(std::size_t messages, bool per_slice) {
   if (per_slice) g_stats.node_aware_slice_messages += messages;
 }
 
+void note_gathered_allreduce() {
+  std::lock_guard lock(g_stats_mu);
+  ++g_stats.gathered_allreduce_messages;
+}
+
 namespace {
 void note_split_allreduce() {
   std::lock_guard lock(g_stats_mu);
@@ -408,7 +413,23 @@ void await_node_stages(GroupState& g, Clock::time_point deadline,
 
 void WireBucket::post(const CollectiveCall& call, const std::shared_ptr<GroupState>& g,
                       std::size_t max_message, WorkState& st) const {
-  if (!node_aware(*g)) return start(call, *g, max_message, &st.requests);
+  if (!node_aware(*g)) {
+    // A small all_reduce bucket (one message) where libnbc runs its ring: gathered, then reduced
+    // in rank order once the gather completed (GatheredAllreduce).
+    if (call.kind == CollectiveKind::AllReduce && wire_bytes() > 0 && wire_bytes() <= max_message) {
+      const auto count = static_cast<int>(wire_bytes() / itemsize(wire));
+      const DataCall whole =
+          as_sent(call, allreduce_call(MPI_IN_PLACE, w, count, mpi_datatype(wire),
+                                       mpi_op(call.op, wire), g->comm));
+      if (auto gathered = GatheredAllreduce::for_call(whole)) {
+        post_into(st, gathered->gather());
+        st.held.push_back(gathered);
+        st.then = [gathered](WorkState&) { gathered->reduce(); };
+        return;
+      }
+    }
+    return start(call, *g, max_message, &st.requests);
+  }
   auto t = std::make_shared<NodeAwareTransfer>(NodeAwareTransfer{*this, call, g, {}, {}, {}});
   for_each_message(wire_bytes(), wire, max_message,
                    [&](std::size_t off, int n) { t->messages.emplace_back(off, n); });

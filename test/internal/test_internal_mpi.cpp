@@ -230,12 +230,18 @@ TEST_CASE("libnbc's algorithm for the job, and small control messages padded for
   using td::detail::iallreduce_algorithm_for;
   using td::detail::NbcAllreduce;
   using td::detail::padded_count;
-  CHECK(iallreduce_algorithm_for(1) == NbcAllreduce::LibnbcChoice);
-  CHECK(iallreduce_algorithm_for(2) == NbcAllreduce::Ring);
-  for (long ranks : {3L, 5L, 6L, 7L, 12L})
-    CHECK(iallreduce_algorithm_for(ranks) == NbcAllreduce::LibnbcChoice);
-  for (long ranks : {4L, 8L, 16L, 1024L})
-    CHECK(iallreduce_algorithm_for(ranks) == NbcAllreduce::Rabenseifner);
+  for (bool across : {false, true}) {
+    CHECK(iallreduce_algorithm_for(1, across) == NbcAllreduce::LibnbcChoice);
+    CHECK(iallreduce_algorithm_for(2, across) == NbcAllreduce::Ring);
+    for (long ranks : {4L, 8L, 16L, 1024L})
+      CHECK(iallreduce_algorithm_for(ranks, across) == NbcAllreduce::Rabenseifner);
+    CHECK(iallreduce_algorithm_for(12, across) == NbcAllreduce::LibnbcChoice);
+  }
+  // 3, 5, 6, 7 ranks: the ring across nodes only (on one node it loses on small messages).
+  for (long ranks : {3L, 5L, 6L, 7L}) {
+    CHECK(iallreduce_algorithm_for(ranks, false) == NbcAllreduce::LibnbcChoice);
+    CHECK(iallreduce_algorithm_for(ranks, true) == NbcAllreduce::Ring);
+  }
   // At least the largest power of two <= ranks (libnbc: count >= nprocs_pof2).
   CHECK(padded_count(3, 1) == 3);
   CHECK(padded_count(3, 2) == 3);
