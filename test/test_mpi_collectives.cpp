@@ -238,8 +238,8 @@ static int libnbc_iallreduce_algorithm() {
 
 // Open MPI's libnbc runs every in-place MPI_Iallreduce of a job under 4 ranks as a binomial
 // reduce + broadcast; at 2 ranks its ring is faster at every size, and at 4, 8, 16... ranks
-// Rabenseifner's algorithm, so init_process_group selects them there, and the ring for 3, 5, 6 or
-// 7 ranks across nodes (TD_TUNE_MPI=0 or the user's
+// Rabenseifner's algorithm, so init_process_group selects them there, and the ring for 3, 5, 6, 7,
+// 9... 15 ranks across nodes (TD_TUNE_MPI=0 or the user's
 // own OMPI_MCA_coll_libnbc_iallreduce_algorithm: left alone). Every size still sums right, small
 // ones (below a power of two of elements: libnbc's ring under Rabenseifner's setting) included.
 TEST_CASE("a 2-rank Open MPI job runs MPI_Iallreduce with libnbc's ring, 4 ranks Rabenseifner's",
@@ -253,10 +253,10 @@ TEST_CASE("a 2-rank Open MPI job runs MPI_Iallreduce with libnbc's ring, 4 ranks
   const char* tune = std::getenv("TD_TUNE_MPI");
   const bool off = tune != nullptr && std::strcmp(tune, "0") == 0;
   const int size = td::get_world_size();
-  // Across nodes (make test-cluster) a job of 3, 5, 6 or 7 ranks gets the ring too.
+  // Across nodes (make test-cluster) a job of 3, 5, 6, 7, 9... 15 ranks gets the ring too.
   const char* local_text = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
   const bool across_nodes = local_text != nullptr && std::atoi(local_text) < size;
-  const bool ring_across = across_nodes && (size == 3 || (size >= 5 && size <= 7));
+  const bool ring_across = across_nodes && size >= 3 && size <= 15 && (size & (size - 1)) != 0;
   const int expected = off ? 0 : size == 2 || ring_across ? 1 : size == 4 ? 3 : 0;
   if (expected != 0) {
     CHECK(algorithm == expected);

@@ -26,9 +26,9 @@ struct PackerStats {
   /// or 7 ranks across several nodes, or node-aware between 3, 5, 6 or 7 nodes (counted on the
   /// ranks that made those calls)
   std::uint64_t split_allreduce_messages = 0;
-  /// nonblocking all_reduce messages under 32 KiB on 3 to 8 ranks (the library's own rounds, such
+  /// nonblocking all_reduce messages under 32 KiB on 3 to 16 ranks (the library's own rounds, such
   /// as each collective's agreement, included) that ran as an allgather and a reduction in rank
-  /// order, because libnbc runs its ring (a job of 3, 5, 6 or 7 ranks across nodes, or
+  /// order, because libnbc runs its ring (a job of 3, 5, 6, 7, 9... 15 ranks across nodes, or
   /// OMPI_MCA_coll_libnbc_iallreduce_algorithm=1: docs/configuration.md)
   std::uint64_t gathered_allreduce_messages = 0;
 };

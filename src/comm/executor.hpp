@@ -117,7 +117,7 @@ class GatheredAllreduce {
   /// Messages below this many bytes...
   static constexpr std::size_t kMaxBytes = std::size_t{32} << 10;
   /// ... on 3 to this many ranks (the gather brings every rank's copy).
-  static constexpr int kMaxRanks = 8;
+  static constexpr int kMaxRanks = 16;
   /// The gather for `call` (an in-place allreduce, nonblocking), or null where it runs as posted.
   static std::shared_ptr<GatheredAllreduce> for_call(const DataCall& call);
   GatheredAllreduce(const DataCall& call, int ranks, std::size_t bytes);

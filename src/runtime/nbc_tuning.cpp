@@ -31,13 +31,13 @@ long job_count(const char* name) {
 // is as fast as libnbc's binomial tree on small messages and 1.3-1.5x faster on large ones on one
 // host, and 2.8x across 2 hosts (the Reducer's buckets, 654 -> 232 ms); libnbc runs it only on a
 // power of two number of ranks. At 3, 5, 6... ranks on one host both alternatives lose on small
-// messages; across hosts the ring moved the Reducer's buckets 2.1x (3 hosts x 1) and 2.6x (3 x 2)
-// faster than the tree, and small messages, slower under it, go another way
-// (comm/executor.hpp, allreduce_as_gather). Not above 7 ranks: not measured there.
+// messages; across hosts the ring moved the Reducer's buckets 2.3x (3 hosts x 1), 2.6x (3 x 2)
+// and 4.6x (3 x 4) faster than the tree, and small messages, slower under it, go another way
+// (comm/executor.hpp, GatheredAllreduce). Not above 15 ranks: not measured there.
 NbcAllreduce iallreduce_algorithm_for(long ranks, bool across_nodes) {
   if (ranks == 2) return NbcAllreduce::Ring;
   if (ranks >= 4 && (ranks & (ranks - 1)) == 0) return NbcAllreduce::Rabenseifner;
-  if (across_nodes && ranks >= 3 && ranks <= 7) return NbcAllreduce::Ring;
+  if (across_nodes && ranks >= 3 && ranks <= 15) return NbcAllreduce::Ring;
   return NbcAllreduce::LibnbcChoice;
 }
 

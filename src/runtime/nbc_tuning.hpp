@@ -17,8 +17,8 @@ namespace td::detail {
 enum class NbcAllreduce : int { LibnbcChoice = 0, Ring = 1, Binomial = 2, Rabenseifner = 3 };
 
 /// The algorithm for a job of `ranks` ranks, `across_nodes` when they are not all on one node:
-/// the ring at 2, Rabenseifner's at 4, 8, 16..., the ring at 3, 5, 6 and 7 across nodes, libnbc's
-/// own choice otherwise.
+/// the ring at 2, Rabenseifner's at 4, 8, 16..., the ring at 3, 5, 6, 7, 9... 15 across nodes,
+/// libnbc's own choice otherwise.
 NbcAllreduce iallreduce_algorithm_for(long ranks, bool across_nodes);
 
 /// Before MPI_Init, when this process initialises Open MPI: sets

@@ -235,10 +235,11 @@ TEST_CASE("libnbc's algorithm for the job, and small control messages padded for
     CHECK(iallreduce_algorithm_for(2, across) == NbcAllreduce::Ring);
     for (long ranks : {4L, 8L, 16L, 1024L})
       CHECK(iallreduce_algorithm_for(ranks, across) == NbcAllreduce::Rabenseifner);
-    CHECK(iallreduce_algorithm_for(12, across) == NbcAllreduce::LibnbcChoice);
+    CHECK(iallreduce_algorithm_for(17, across) == NbcAllreduce::LibnbcChoice);
   }
-  // 3, 5, 6, 7 ranks: the ring across nodes only (on one node it loses on small messages).
-  for (long ranks : {3L, 5L, 6L, 7L}) {
+  // 3, 5, 6, 7, 9... 15 ranks: the ring across nodes only (on one node it loses on small
+  // messages).
+  for (long ranks : {3L, 5L, 6L, 7L, 9L, 12L, 15L}) {
     CHECK(iallreduce_algorithm_for(ranks, false) == NbcAllreduce::LibnbcChoice);
     CHECK(iallreduce_algorithm_for(ranks, true) == NbcAllreduce::Ring);
   }

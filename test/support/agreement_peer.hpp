@@ -13,13 +13,13 @@ namespace tdtest {
 
 /// A nonblocking in-place MAX of `words` uint64 words on `comm`, sent as the library sends its
 /// own small rounds: an MPI_Iallreduce, or, where libnbc runs its ring
-/// (OMPI_MCA_coll_libnbc_iallreduce_algorithm=1) on 3 to 8 ranks, an MPI_Iallgather of every
+/// (OMPI_MCA_coll_libnbc_iallreduce_algorithm=1) on 3 to 16 ranks, an MPI_Iallgather of every
 /// rank's words reduced here (src/comm/executor.hpp, GatheredAllreduce). Waits for it.
 inline void raw_max_round(std::uint64_t* words, int count, MPI_Comm comm) {
   int size = 1;
   MPI_Comm_size(comm, &size);
   const char* alg = std::getenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm");
-  const bool gathered = alg != nullptr && std::string_view(alg) == "1" && size >= 3 && size <= 8;
+  const bool gathered = alg != nullptr && std::string_view(alg) == "1" && size >= 3 && size <= 16;
   MPI_Request req = MPI_REQUEST_NULL;
   if (!gathered) {
     MPI_Iallreduce(MPI_IN_PLACE, words, count, MPI_UINT64_T, MPI_MAX, comm, &req);
