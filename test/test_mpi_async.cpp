@@ -9,11 +9,11 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <mpi.h>
 #include <tensordict/diagnostics.hpp>
 #include <tensordict/tensordict.hpp>
 
 #include "support/reference.hpp"
+#include "support/same_bits.hpp"
 
 using td::ReduceOp;
 using td::Tensor;
@@ -121,17 +121,6 @@ TEST_CASE("async with the progress thread off still completes in wait()", "[asyn
 }
 
 namespace {
-// Every rank's float bits equal (the same result, not merely close).
-bool same_bits_everywhere(const Tensor& t) {
-  std::vector<std::uint32_t> bits(static_cast<std::size_t>(t.numel()));
-  std::memcpy(bits.data(), t.raw_data(), bits.size() * sizeof(float));
-  std::vector<std::uint32_t> lo = bits, hi = bits;
-  const int n = static_cast<int>(bits.size());
-  MPI_Allreduce(MPI_IN_PLACE, lo.data(), n, MPI_UINT32_T, MPI_MIN, MPI_COMM_WORLD);
-  MPI_Allreduce(MPI_IN_PLACE, hi.data(), n, MPI_UINT32_T, MPI_MAX, MPI_COMM_WORLD);
-  return lo == bits && hi == bits;
-}
-
 // Values whose float sum depends on the order of the additions.
 float order_sensitive(int rank, std::int64_t i) {
   return (rank % 2 == 0 ? 1.0e8f : -1.0e8f) + static_cast<float>(rank + 1) * 0.37f +

@@ -19,6 +19,7 @@
 #include <tensordict/tensordict.hpp>
 
 #include "support/reference.hpp"
+#include "support/same_bits.hpp"
 
 using td::Compression;
 using td::DType;
@@ -113,21 +114,6 @@ std::vector<int> every_rank() {
   std::vector<int> all;
   for (int r = 0; r < td::get_world_size(); ++r) all.push_back(r);
   return all;
-}
-
-// Whether every rank of `comm` holds the same bytes in t as the group's rank 0.
-bool same_bits_everywhere(const Tensor& t, MPI_Comm comm) {
-  const Tensor c = t.contiguous();
-  std::vector<unsigned char> mine(c.nbytes()), first;
-  td::visit(c.dtype(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    if (!mine.empty()) std::memcpy(mine.data(), c.data<T>(), mine.size());
-  });
-  first = mine;
-  MPI_Bcast(first.data(), static_cast<int>(first.size()), MPI_BYTE, 0, comm);
-  int same = first == mine ? 1 : 0;
-  MPI_Allreduce(MPI_IN_PLACE, &same, 1, MPI_INT, MPI_MIN, comm);
-  return same == 1;
 }
 
 // The leaves of a test dict of dtype T: a vector, a matrix (a bucket of several leaves) and one
