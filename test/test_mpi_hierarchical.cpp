@@ -82,21 +82,35 @@ std::vector<int> ranks_per_node(const std::vector<int>& world_ranks) {
   return out;
 }
 
-// Whether the library must run node-aware on a group of these world ranks (collective over
-// world): TD_HIERARCHICAL=1 or leaders yes, unset or 0 no, auto whether the nodes hold the group
-// on several nodes with more than one rank on some node.
-bool expect_node_aware(const std::vector<int>& world_ranks) {
-  const std::vector<int> per_node = ranks_per_node(world_ranks);
+// Whether the library must run node-aware on `group`, whose ranks sit `per_node` per node
+// (ranks_per_node): TD_HIERARCHICAL=1 or leaders yes, 0 no; auto (the default) what the group's
+// first all_reduce / reduce / broadcast measured (td::runs_node_aware), which must be flat unless
+// the group spans several nodes with more than one rank on some node. Call it after that call.
+bool expect_node_aware(const std::vector<int>& per_node, const td::ProcessGroup& group) {
   const auto h = env("TD_HIERARCHICAL");
-  if (!h || *h != "auto") return h && (*h == "1" || *h == "leaders");  // unset: flat
-  return per_node.size() > 1 && *std::max_element(per_node.begin(), per_node.end()) > 1;
+  if (h && *h != "auto") return *h == "1" || *h == "leaders";
+  const bool eligible =
+      per_node.size() > 1 && *std::max_element(per_node.begin(), per_node.end()) > 1;
+  const bool chosen = td::runs_node_aware(group);
+  if (!eligible) CHECK_FALSE(chosen);
+  return eligible && chosen;
 }
 
-// Whether a node-aware sync all_reduce of a large message runs per slice there: every node holds
-// the same number of ranks, more than one, on several nodes, and TD_HIERARCHICAL is not leaders.
-bool expect_per_slice(const std::vector<int>& world_ranks) {
-  const std::vector<int> per_node = ranks_per_node(world_ranks);
-  const bool node_aware = expect_node_aware(world_ranks);
+std::vector<int> every_rank() {
+  std::vector<int> all;
+  for (int r = 0; r < td::get_world_size(); ++r) all.push_back(r);
+  return all;
+}
+
+// expect_node_aware on the world group (collective over world).
+bool world_node_aware() { return expect_node_aware(ranks_per_node(every_rank()), td::world()); }
+
+// Whether a node-aware sync all_reduce of a large message runs per slice on the world group:
+// every node holds the same number of ranks, more than one, on several nodes, and TD_HIERARCHICAL
+// is not leaders. Collective over world.
+bool expect_per_slice() {
+  const std::vector<int> per_node = ranks_per_node(every_rank());
+  const bool node_aware = expect_node_aware(per_node, td::world());
   const auto h = env("TD_HIERARCHICAL");
   return node_aware && !(h && *h == "leaders") && per_node.size() > 1 && per_node[0] > 1 &&
          std::all_of(per_node.begin(), per_node.end(), [&](int n) { return n == per_node[0]; });
@@ -109,12 +123,6 @@ constexpr double kCompressedTolerance = 0.02;
 
 // Waits for an async call's Works (a sync call returns none).
 void wait_for(std::vector<td::Work> works) { td::wait_all(works); }
-
-std::vector<int> every_rank() {
-  std::vector<int> all;
-  for (int r = 0; r < td::get_world_size(); ++r) all.push_back(r);
-  return all;
-}
 
 // The leaves of a test dict of dtype T: a vector, a matrix (a bucket of several leaves) and one
 // element; leaf k holds tdtest's leaf pattern k.
@@ -149,7 +157,6 @@ void check_strategy(bool node_aware) {
 TEST_CASE("node-aware all_reduce: every op on every dtype, sync and async, one bit pattern",
           "[hierarchical]") {
   const int rank = td::get_rank(), size = td::get_world_size();
-  const bool nodes = expect_node_aware(every_rank());
   td::reset_packer_stats();
   for (std::size_t dt = 0; dt < td::kNumDTypes; ++dt) {
     const auto dtype = static_cast<DType>(dt);
@@ -183,7 +190,7 @@ TEST_CASE("node-aware all_reduce: every op on every dtype, sync and async, one b
       }
     });
   }
-  check_strategy(nodes);
+  check_strategy(world_node_aware());
 }
 
 TEST_CASE("node-aware all_reduce of a large tensor: several messages pipelined, exact",
@@ -204,8 +211,8 @@ TEST_CASE("node-aware all_reduce of a large tensor: several messages pipelined, 
     CHECK(same_bits_everywhere(f, MPI_COMM_WORLD));
     // Sync on nodes of equal size: per slice (a reduce-scatter, the slices across nodes, an
     // allgather), message by message; async: the leaders' stages.
-    const bool slices = !async && expect_per_slice(every_rank());
-    CHECK((td::packer_stats().node_aware_messages > 0) == expect_node_aware(every_rank()));
+    const bool slices = !async && expect_per_slice();
+    CHECK((td::packer_stats().node_aware_messages > 0) == world_node_aware());
     CHECK((td::packer_stats().node_aware_slice_messages > 0) == slices);
     if (slices) CHECK(td::packer_stats().node_aware_slice_messages == 12);
     // Sync messages of 4 MiB on 3, 5, 6 or 7 ranks that sit on several nodes cross as a
@@ -215,7 +222,7 @@ TEST_CASE("node-aware all_reduce of a large tensor: several messages pipelined, 
     const std::vector<int> per_node = ranks_per_node(every_rank());
     const std::size_t nodes = per_node.size();
     auto splits = [](std::size_t k) { return k >= 3 && k <= 7 && (k & (k - 1)) != 0; };
-    const bool node_aware = expect_node_aware(every_rank());
+    const bool node_aware = world_node_aware();
     const std::uint64_t split = td::packer_stats().split_allreduce_messages;
     INFO(nodes << " nodes, node-aware " << node_aware << ", per slice " << slices);
     if (async)
@@ -237,7 +244,7 @@ TEST_CASE("node-aware all_reduce of a large tensor: several messages pipelined, 
                            static_cast<float>(1 << (k % 20));
     td::all_reduce(g, ReduceOp::SUM);
     CHECK(same_bits_everywhere(g, MPI_COMM_WORLD));
-    CHECK(td::packer_stats().node_aware_messages == (expect_node_aware(every_rank()) ? 2u : 0u));
+    CHECK(td::packer_stats().node_aware_messages == (world_node_aware() ? 2u : 0u));
     td::reset_packer_stats();
   }
 }
@@ -255,7 +262,7 @@ TEST_CASE("node-aware sync calls while async ones are in flight: every result ex
   Tensor s = make_input<std::int32_t>(ReduceOp::SUM, rank, {3 << 20});
   td::all_reduce(s, ReduceOp::SUM).wait();
   CHECK(reduction_error(s, ReduceOp::SUM, size).empty());
-  check_strategy(expect_node_aware(every_rank()));
+  check_strategy(world_node_aware());
   for (int round = 0; round < 3; ++round) {
     INFO("round " << round);
     // 12 MiB: three 4 MiB messages, whose later stages wait for the earlier ones.
@@ -304,7 +311,7 @@ TEST_CASE("node-aware compressed all_reduce (BF16, FP16): one bit pattern, close
       }
     }
   }
-  check_strategy(expect_node_aware(every_rank()));
+  check_strategy(world_node_aware());
 }
 
 TEST_CASE("node-aware Reducer: buckets reduced across nodes, uncompressed and BF16",
@@ -339,7 +346,7 @@ TEST_CASE("node-aware Reducer: buckets reduced across nodes, uncompressed and BF
       }
     }
   }
-  check_strategy(expect_node_aware(every_rank()));
+  check_strategy(world_node_aware());
 }
 
 TEST_CASE("node-aware reduce to every root and broadcast from every root", "[hierarchical]") {
@@ -383,7 +390,7 @@ TEST_CASE("node-aware reduce to every root and broadcast from every root", "[hie
             make_input<float>(ReduceOp::SUM, root, {4000}).to_vector<float>());
     }
   }
-  check_strategy(expect_node_aware(every_rank()));
+  check_strategy(world_node_aware());
 }
 
 TEST_CASE("node-aware collectives on subgroups that span some of the nodes", "[hierarchical]") {
@@ -397,7 +404,7 @@ TEST_CASE("node-aware collectives on subgroups that span some of the nodes", "[h
   for (const auto& members : subsets) {
     if (members.size() == 2 && members[0] == members[1]) continue;  // one rank
     td::ProcessGroup g = td::new_group(members);
-    const bool nodes = expect_node_aware(members);
+    const std::vector<int> per_node = ranks_per_node(members);  // collective over world
     if (!g.is_member()) continue;
     td::reset_packer_stats();
     INFO("group of " << g.size() << " ranks");
@@ -421,6 +428,38 @@ TEST_CASE("node-aware collectives on subgroups that span some of the nodes", "[h
       CHECK(b.to_vector<std::int32_t>() ==
             make_input<std::int32_t>(ReduceOp::SUM, 0, {77}).to_vector<std::int32_t>());
     }
-    check_strategy(nodes);
+    check_strategy(expect_node_aware(per_node, g));
+  }
+}
+
+// TD_HIERARCHICAL=auto (the default) chooses a group's path by measuring it in the group's first
+// all_reduce / reduce / broadcast: flat before it; after it the same choice on every member, flat
+// wherever node-aware cannot differ, and the calls follow it. Forced settings need no call.
+TEST_CASE("the messages' path: measured by a group's first call, the same everywhere, followed",
+          "[hierarchical][path]") {
+  const int size = td::get_world_size();
+  const auto h = env("TD_HIERARCHICAL");
+  const bool forced = h && *h != "auto";
+  const std::vector<int> per_node = ranks_per_node(every_rank());
+  td::ProcessGroup g = td::new_group(every_rank());
+  CHECK(td::runs_node_aware(g) == (forced && (*h == "1" || *h == "leaders")));
+  // A gather is not a call that measures.
+  TensorDict x;
+  x.set("x", make_input<std::int32_t>(ReduceOp::SUM, g.rank(), {5}));
+  CHECK(x.all_gather({.group = g}).size() == static_cast<std::size_t>(size));
+  if (!forced) CHECK_FALSE(td::runs_node_aware(g));
+  for (const int round : {0, 1}) {
+    INFO("round " << round);
+    td::reset_packer_stats();
+    Tensor t = make_input<std::int64_t>(ReduceOp::SUM, g.rank(), {(1 << 17) + 5});  // 1 MiB
+    td::all_reduce(t, ReduceOp::SUM, {.group = g});
+    CHECK(reduction_error(t, ReduceOp::SUM, size).empty());
+    const bool aware = td::runs_node_aware(g);
+    int mine = aware ? 1 : 0, lo = 0, hi = 0;
+    MPI_Allreduce(&mine, &lo, 1, MPI_INT, MPI_MIN, g.comm());
+    MPI_Allreduce(&mine, &hi, 1, MPI_INT, MPI_MAX, g.comm());
+    CHECK(lo == hi);
+    CHECK(aware == expect_node_aware(per_node, g));
+    CHECK((td::packer_stats().node_aware_messages > 0) == aware);
   }
 }

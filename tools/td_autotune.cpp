@@ -1,5 +1,7 @@
 // td-autotune: shows, clears and re-measures the on-disk cache of td::kAutoBucketBytes, the
-// bucket size the library measures on first use (docs/configuration.md#the-tuned-bucket-size).
+// bucket size the library measures on first use (docs/configuration.md#the-tuned-bucket-size), and
+// of the messages' path (flat or node-aware) that TD_HIERARCHICAL=auto measures on a group that
+// spans several nodes (docs/configuration.md#node-aware-collectives).
 //
 //   td-autotune show                       the cache directory and every entry in it
 //   td-autotune clear                      removes the entries
@@ -36,7 +38,8 @@ constexpr const char* kUsage =
     "usage: td-autotune show | clear\n"
     "       mpirun -np N td-autotune measure | check\n"
     "\n"
-    "The cache of td::kAutoBucketBytes (the tuned bucket size) in $TD_CACHE_DIR, else\n"
+    "The cache of td::kAutoBucketBytes (the tuned bucket size) and of the messages' path\n"
+    "across nodes (TD_HIERARCHICAL=auto) in $TD_CACHE_DIR, else\n"
     "$XDG_CACHE_HOME/tensordict-mpi, else ~/.cache/tensordict-mpi.\n"
     "  show     list the entries: the size, and when, where and how well it was measured\n"
     "  clear    remove the entries (each job then measures again on first use)\n"
@@ -45,14 +48,16 @@ constexpr const char* kUsage =
     "  check    under mpirun: what a program launched this way gets (the cached entry after\n"
     "           its spot check, or a new measurement)\n";
 
-// The tuner's files in `dir`, by name, with their modification times.
+// The tuner's files (bucket sizes and paths) in `dir`, by name, with their modification times.
 std::map<std::string, fs::file_time_type> entries(const fs::path& dir) {
   std::map<std::string, fs::file_time_type> out;
   std::error_code ec;
   if (dir.empty() || !fs::is_directory(dir, ec)) return out;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (e.is_regular_file(ec) && name.starts_with(autotune::kCacheFilePrefix) &&
+    if (e.is_regular_file(ec) &&
+        (name.starts_with(autotune::kCacheFilePrefix) ||
+         name.starts_with(autotune::kPathFilePrefix)) &&
         name.find(".tmp-") == std::string::npos)
       out[name] = e.last_write_time(ec);
   }
@@ -60,6 +65,18 @@ std::map<std::string, fs::file_time_type> entries(const fs::path& dir) {
 }
 
 void print_entry(const fs::path& file) {
+  if (file.filename().string().starts_with(autotune::kPathFilePrefix)) {
+    const auto p = autotune::read_path_entry(file);
+    if (!p) {
+      fmt::print("{}\n  (not a valid entry: the library ignores it and measures again)\n",
+                 file.string());
+      return;
+    }
+    fmt::print("{}\n  messages {} (TD_HIERARCHICAL=auto)\n", file.string(),
+               p->node_aware ? "node-aware" : "flat");
+    for (const auto& note : p->notes) fmt::print("  {}\n", note);
+    return;
+  }
   const auto e = autotune::read_cache_entry(file);
   if (!e) {
     fmt::print("{}\n  (not a valid entry: the library ignores it and measures again)\n",

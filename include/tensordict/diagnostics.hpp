@@ -10,6 +10,8 @@
 
 namespace td {
 
+class ProcessGroup;  // tensordict/process_group.hpp
+
 /// Diagnostics of the bucketing packer, for benchmarks and tuning.
 struct PackerStats {
   std::size_t peak_extra_bytes = 0;  ///< largest pack buffer one call held at once
@@ -32,6 +34,13 @@ struct PackerStats {
   /// OMPI_MCA_coll_libnbc_iallreduce_algorithm=1: docs/configuration.md)
   std::uint64_t gathered_allreduce_messages = 0;
 };
+/// Whether all_reduce / reduce / broadcast on `group` run node-aware now (the same answer on every
+/// member): TD_HIERARCHICAL=1 or leaders; under auto (the default) on a group that spans several
+/// nodes with more than one of its ranks on some node, what the group's first such call measured
+/// faster (or found in the cache), flat before that call; false on a non-member
+/// (docs/configuration.md#node-aware-collectives).
+TD_API bool runs_node_aware(const ProcessGroup& group);
+
 /// The counters since the last reset_packer_stats() (this process only).
 TD_API PackerStats packer_stats();
 /// Zeroes the counters.

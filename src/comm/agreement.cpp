@@ -270,6 +270,12 @@ PreparedCollective prepare_collective(std::span<const LeafRef> leaves, const Col
 
   std::size_t direct_bytes = 0;
   auto data_deadline = deadline;
+  // The path first: the bucket size is tuned on the path the messages take. Every rank agreed on
+  // TD_HIERARCHICAL, so every rank measures or none does.
+  if ((call.kind == CollectiveKind::AllReduce || call.kind == CollectiveKind::Reduce ||
+       call.kind == CollectiveKind::Broadcast) &&
+      choose_message_path(*g, deadline, timeout))
+    data_deadline = deadline_after(timeout.count() > 0 ? timeout : timeout_of({}));
   if (cap && *cap == kAutoBucketBytes) {
     // Checked only until the group has measured: a tuned group pays nothing per call.
     // (The analysis's byte count, cached with the dict: a walk of the leaves here cost a dict of

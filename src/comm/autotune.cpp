@@ -100,22 +100,28 @@ std::string local_setup() {
                      fmt::join(vars, ";"));
 }
 
+// "3 nodes of 2", "2 nodes of up to 3".
+std::string node_layout(const GroupState& g) {
+  return fmt::format("{} nodes of {}{}", g.nodes.nodes, g.nodes.equal ? "" : "up to ",
+                     g.nodes.largest);
+}
+
 // The path a sync message takes on this group (run_blocking), for the cache key and the log:
 // "flat", "flat across 3 nodes", "node-aware, 2 nodes of 2", "node-aware through the leaders, 2
 // nodes of up to 3 ranks".
 std::string message_path(const GroupState& g) {
   const NodeSplit& n = g.nodes;
-  const std::string nodes =
-      fmt::format("{} nodes of {}{}", n.nodes, n.equal ? "" : "up to ", n.largest);
+  const std::string nodes = node_layout(g);
   if (node_aware(g))
     return fmt::format("node-aware{}, {}", config().hierarchical == 3 ? " through the leaders" : "",
                        nodes);
   return n.nodes > 1 ? fmt::format("flat across {} nodes", n.nodes) : std::string("flat");
 }
 
-// Identifies the machines, rank count, MPI library, each rank's setup and the messages' path the
-// measurement holds for.
-std::string cache_key(GroupState& g) {
+constexpr std::uint64_t kFnvPrime = 1099511628211ull;
+
+// Identifies the machines, rank count, MPI library and each rank's setup. Collective.
+std::uint64_t setup_hash(GroupState& g) {
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   const std::uint64_t mine = std::hash<std::string>{}(std::string(host) + "|" + local_setup());
@@ -126,9 +132,23 @@ std::string cache_key(GroupState& g) {
   int len = 0;
   MPI_Get_library_version(lib, &len);
   std::uint64_t h = std::hash<std::string>{}(std::string(lib, static_cast<std::size_t>(len)));
-  for (auto v : all) h = h * 1099511628211ull ^ v;
-  h = h * 1099511628211ull ^ std::hash<std::string>{}(message_path(g));
+  for (auto v : all) h = h * kFnvPrime ^ v;
+  return h;
+}
+
+// Identifies the machines, rank count, MPI library, each rank's setup and the messages' path the
+// measurement holds for.
+std::string cache_key(GroupState& g) {
+  const std::uint64_t h = setup_hash(g) * kFnvPrime ^ std::hash<std::string>{}(message_path(g));
   return fmt::format("buckets-v4-{}ranks-{:016x}", g.size, h);
+}
+
+// The path measurement's entry: the same setup, and which ranks share a node (the hosts' names
+// say it, except for nodes simulated by TD_TEST_RANKS_PER_NODE).
+std::string path_cache_key(GroupState& g) {
+  std::uint64_t h = setup_hash(g);
+  for (const int node : g.nodes.node_of) h = h * kFnvPrime ^ static_cast<std::uint64_t>(node);
+  return fmt::format("{}v1-{}ranks-{:016x}", autotune::kPathFilePrefix, g.size, h);
 }
 
 // Times `op` `reps` times (after one untimed call when `warm_up`) and returns the fastest
@@ -229,9 +249,9 @@ std::array<std::uint64_t, 3> host_load(GroupState& g) {
   return out;
 }
 
-// The notes of a cache file: when, where and how well it was measured.
-std::vector<std::string> cache_notes(const GroupState& g, const autotune::Choice& c,
-                                     const std::vector<autotune::Timings>& ladder) {
+// The notes of a cache file: when, where and how well it was measured, and the figures.
+std::vector<std::string> cache_notes(const GroupState& g, const std::string& quality,
+                                     const std::string& figures) {
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   char lib[MPI_MAX_LIBRARY_VERSION_STRING] = {};
@@ -247,8 +267,7 @@ std::vector<std::string> cache_notes(const GroupState& g, const autotune::Choice
   double load = 0;
   getloadavg(&load, 1);
   return {fmt::format("measured {} by rank 0 on {}, {} ranks, {}", when, host, g.size, mpi),
-          fmt::format("{}; load average {:.2f}", spread_text(c), load),
-          fmt::format("per size, median packed cycle / bare allreduce:{}", ladder_text(ladder))};
+          fmt::format("{}; load average {:.2f}", quality, load), figures};
 }
 
 // This group's entry of the bucket-size cache on disk.
@@ -289,44 +308,65 @@ void log_passes(const std::vector<autotune::Timings>& ladder, std::string_view w
   });
 }
 
-// Caches the measured choice `c` (rank 0 writes the file) unless the measurement was cut short,
-// looks noisy or ran on a busy machine, or caching is off; returns the words that say which.
-// Collective (host_load).
-std::string cache_measured(GroupState& g, const autotune::Choice& c,
-                           const std::vector<autotune::Timings>& ladder, int passes,
-                           const CacheFile& cache) {
+// How a measurement went, for the decision to cache it.
+struct Measured {
+  std::string cut_short;  // why it stopped early ("2 of 3 passes, up to 1024 KiB"), or empty
+  std::string noise;      // why it looks noisy, or empty
+  std::string quality;    // said when it is cached ("spread across 3 passes 4% at 64 KiB, ...")
+};
+
+// Caches a measurement (rank 0 calls `write`) unless it was cut short, looks noisy or ran on a
+// busy machine, or caching is off; returns the words that say which. Collective (host_load).
+std::string cache_measured(GroupState& g, const Measured& m, const CacheFile& cache,
+                           const std::function<bool()>& write) {
   const auto [load_milli, local_ranks, cpus] = host_load(g);
   const double load = static_cast<double>(load_milli) / 1000;
   const bool busy =
       autotune::machine_busy(load, static_cast<long>(cpus), static_cast<int>(local_ranks));
-  const bool cut_short = passes < kPasses || ladder.size() < kLadder.size();
-  if (cut_short)
+  if (!m.cut_short.empty())
     return fmt::format(
-        "measured, NOT cached: {} of {} passes, up to {}, fit in TD_AUTOTUNE_BUDGET_MS={} (a "
-        "busy or slow machine); this process uses it, the next one measures again",
-        passes, kPasses, kib(ladder.back().bytes), config().autotune_budget.count());
-  if (c.noisy || busy) {
+        "measured, NOT cached: {}, fit in TD_AUTOTUNE_BUDGET_MS={} (a busy or slow machine); this "
+        "process uses it, the next one measures again",
+        m.cut_short, config().autotune_budget.count());
+  if (!m.noise.empty() || busy) {
     const std::string why =
-        c.noisy ? spread_text(c)
-                : fmt::format(
-                      "load average {:.2f} on {} CPUs, of which this job's {} ranks there "
-                      "explain at most {}",
-                      load, cpus, local_ranks, local_ranks);
+        !m.noise.empty() ? m.noise
+                         : fmt::format(
+                               "load average {:.2f} on {} CPUs, of which this job's {} ranks there "
+                               "explain at most {}",
+                               load, cpus, local_ranks, local_ranks);
     return fmt::format(
         "measured, NOT cached: the machine looks busy ({}); this process uses it, the next one "
         "measures again (cache file {})",
         why, cache.file.empty() ? std::string("none") : cache.file.string());
   }
   if (!cache.use)
-    return fmt::format("measured ({}); not cached: {}", spread_text(c),
+    return fmt::format("measured ({}); not cached: {}", m.quality,
                        cache.dir.empty() ? "no cache directory" : "TD_AUTOTUNE_CACHE=0");
-  if (g.rank == 0 &&
-      !autotune::write_cache_entry(cache.file, {c.cap, c.direct_bytes, cache_notes(g, c, ladder)},
-                                   std::to_string(getpid())))
-    log_warn([&] {
-      return fmt::format("could not write the bucket-size cache {}", cache.file.string());
-    });
-  return fmt::format("measured ({}), cached in {}", spread_text(c), cache.file.string());
+  if (g.rank == 0 && !write())
+    log_warn(
+        [&] { return fmt::format("could not write the tuner's cache {}", cache.file.string()); });
+  return fmt::format("measured ({}), cached in {}", m.quality, cache.file.string());
+}
+
+// The bucket sizes' measurement, cached (cache_measured).
+std::string cache_measured(GroupState& g, const autotune::Choice& c,
+                           const std::vector<autotune::Timings>& ladder, int passes,
+                           const CacheFile& cache) {
+  Measured m;
+  if (passes < kPasses || ladder.size() < kLadder.size())
+    m.cut_short =
+        fmt::format("{} of {} passes, up to {}", passes, kPasses, kib(ladder.back().bytes));
+  if (c.noisy) m.noise = spread_text(c);
+  m.quality = spread_text(c);
+  return cache_measured(g, m, cache, [&] {
+    return autotune::write_cache_entry(
+        cache.file,
+        {c.cap, c.direct_bytes,
+         cache_notes(g, spread_text(c),
+                     "per size, median packed cycle / bare allreduce:" + ladder_text(ladder))},
+        std::to_string(getpid()));
+  });
 }
 
 // Resolves kAutoBucketBytes on a group of 2 ranks or more; returns it with the one line that says
@@ -368,6 +408,92 @@ std::pair<TunedBuckets, std::string> resolve(GroupState& g) {
   return {{c.cap, c.direct_bytes}, story};
 }
 
+// Times one allreduce message of each size of kPathSizes flat and node-aware, the way a call's
+// message goes on this group (run_blocking: per slice, split across nodes, as they apply), in
+// kPasses passes (the order of the two paths alternating from pass to pass), within
+// TD_AUTOTUNE_BUDGET_MS like the ladder (`*passes` says how many ran). Collective; every rank
+// returns the same values. Leaves the group flat: the caller sets the choice.
+std::vector<autotune::PathTimings> time_paths(GroupState& g, int* passes) {
+  const double budget = std::chrono::duration<double>(config().autotune_budget).count();
+  double spent = 0;
+  const std::size_t top =
+      *std::max_element(autotune::kPathSizes.begin(), autotune::kPathSizes.end());
+  auto buffer = std::make_unique<Storage>(top);
+  std::memset(buffer->data, 0, top);  // zeros: sums stay finite; pages are touched
+  std::vector<autotune::PathTimings> out;
+  for (std::size_t n : autotune::kPathSizes) out.push_back({n, {}, {}});
+  int pass = 0;
+  for (; pass < kPasses && (pass == 0 || spent < budget); ++pass)
+    for (auto& t : out)
+      for (int k = 0; k < 2; ++k) {
+        const bool aware = (pass + k) % 2 == 1;
+        g.nodes.auto_node_aware.store(aware, std::memory_order_relaxed);
+        const int count = static_cast<int>(t.bytes / sizeof(float));
+        (aware ? t.node_aware : t.flat).push_back(fastest(g, kRepsPerPass, pass == 0, spent, [&] {
+          time_allreduce_message(g, buffer->data, count, DType::Float32);
+        }));
+      }
+  g.nodes.auto_node_aware.store(false, std::memory_order_relaxed);
+  if (passes) *passes = pass;
+  return out;
+}
+
+// " 256 KiB: 1.234 / 0.987 ms; 4096 KiB: ...": each size's median flat / node-aware time.
+std::string path_text(const std::vector<autotune::PathTimings>& t) {
+  std::string out;
+  for (const auto& s : t)
+    out += fmt::format("{} {}: {:.3f} / {:.3f} ms", out.empty() ? "" : ";", kib(s.bytes),
+                       autotune::median(s.flat) * 1e3, autotune::median(s.node_aware) * 1e3);
+  return out;
+}
+
+// Resolves the messages' path on a group TD_HIERARCHICAL=auto measures (path_to_choose): rank 0's
+// cached entry, broadcast, or a measurement; returns node-aware or not with the words that say
+// how it was found. Collective: every decision is taken on values every rank shares.
+std::pair<bool, std::string> resolve_path(GroupState& g) {
+  CacheFile cache;
+  cache.dir = autotune::cache_dir();
+  if (!cache.dir.empty()) cache.file = cache.dir / path_cache_key(g);
+  cache.use = !cache.dir.empty() && config().autotune_cache;
+  // {entry found, node-aware, TD_AUTOTUNE_REFRESH}
+  std::array<std::uint64_t, 3> shared{0, 0, 0};
+  if (g.rank == 0) {
+    shared[2] = config().autotune_refresh ? 1 : 0;
+    if (cache.use && shared[2] == 0)
+      if (auto e = autotune::read_path_entry(cache.file)) shared = {1, e->node_aware ? 1u : 0u, 0};
+  }
+  post(control(bcast_call(shared.data(), 3, MPI_UINT64_T, 0, g.comm)), nullptr);
+  if (shared[0] != 0)
+    return {shared[1] != 0, fmt::format("from the cache {}", cache.file.string())};
+
+  int passes = 0;
+  const auto timings = time_paths(g, &passes);
+  const autotune::PathChoice c = autotune::choose_path(timings);
+  const std::string figures =
+      fmt::format("per size, median flat / node-aware allreduce:{}", path_text(timings));
+  Measured m;
+  if (passes < kPasses) m.cut_short = fmt::format("{} of {} passes", passes, kPasses);
+  if (c.noisy) m.noise = fmt::format("the {} passes disagree on the faster path", passes);
+  m.quality = fmt::format("{} passes agree; cost per byte node-aware / flat {:.2f}", passes,
+                          c.flat_cost > 0 ? c.node_cost / c.flat_cost : 0.0);
+  std::string story = shared[2] != 0 ? "TD_AUTOTUNE_REFRESH: cached entry ignored; " : "";
+  story += cache_measured(g, m, cache, [&] {
+    return autotune::write_path_entry(
+        cache.file, {c.node_aware, cache_notes(g, m.quality, figures)}, std::to_string(getpid()));
+  });
+  return {c.node_aware, fmt::format("{} ({})", story, figures)};
+}
+
+// The watchdog's limit for a measurement of the machine (its own cost is bounded by
+// TD_AUTOTUNE_BUDGET_MS plus the barriers around it, not charged to the call): a peer lost in it
+// must not hang the others. A minute at least: under load a measurement can overrun its budget
+// by a few sizes' calls.
+Clock::time_point measurement_limit(Clock::time_point deadline, std::chrono::milliseconds timeout) {
+  return std::max(deadline, deadline_after(std::max<std::chrono::milliseconds>(
+                                               timeout, std::chrono::minutes(1)) +
+                                           4 * config().autotune_budget));
+}
+
 }  // namespace
 
 std::size_t smallest_candidate_cap() { return kLadder.front(); }
@@ -380,13 +506,8 @@ TunedBuckets tuned_buckets(GroupState& g, Clock::time_point deadline,
   }
   TunedBuckets pick{kFallback, std::size_t{64} << 10};
   if (g.size > 1) {
-    // The measurement is blocking MPI: a peer lost in it must not hang the others. Its own
-    // cost is bounded (TD_AUTOTUNE_BUDGET_MS, plus the barriers and the spot check around it) and
-    // is not charged to the call: the caller gives the call a fresh deadline afterwards.
-    // A minute at least: under load a measurement can overrun its budget by a few sizes' calls.
-    const auto limit = std::max(deadline, deadline_after(std::max<std::chrono::milliseconds>(
-                                                             timeout, std::chrono::minutes(1)) +
-                                                         4 * config().autotune_budget));
+    // Not charged to the call: the caller gives the call a fresh deadline afterwards.
+    const auto limit = measurement_limit(deadline, timeout);
     const std::function<std::string()> describe = [&] {
       return fmt::format("measuring kAutoBucketBytes on a group of {} ranks", g.size);
     };
@@ -412,6 +533,34 @@ TunedBuckets tuned_buckets(GroupState& g, Clock::time_point deadline,
   std::lock_guard lock(g.mu);
   g.tuned = pick;
   return pick;
+}
+
+bool choose_message_path(GroupState& g, Clock::time_point deadline,
+                         std::chrono::milliseconds timeout) {
+  if (g.size < 2 || !path_to_choose(g)) return false;
+  const auto limit = measurement_limit(deadline, timeout);
+  const std::function<std::string()> describe = [&] {
+    return fmt::format("measuring the messages' path (flat or node-aware) on a group of {} ranks",
+                       g.size);
+  };
+  const auto start = Clock::now();
+  bool aware = false;
+  std::string story;
+  {
+    BlockingPhase phase(limit, describe);
+    std::tie(aware, story) = resolve_path(g);
+  }
+  g.nodes.auto_node_aware.store(aware, std::memory_order_relaxed);
+  g.nodes.path_chosen.store(true, std::memory_order_release);
+  const auto cost =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+  log_info_once(g.rank, [&] {
+    return fmt::format(
+        "messages {} (TD_HIERARCHICAL=auto, {}): found in {} ms, not counted in the call's "
+        "timeout; {}",
+        aware ? "node-aware" : "flat", node_layout(g), cost, story);
+  });
+  return true;
 }
 
 }  // namespace td::detail

@@ -218,17 +218,17 @@ inline std::optional<CacheEntry> read_cache_entry(const std::filesystem::path& f
   return e;
 }
 
-/// Writes `e` to a temporary file next to `file` and renames it into place, so that a job
-/// reading the cache never sees half a file. False if it could not.
-inline bool write_cache_entry(const std::filesystem::path& file, const CacheEntry& e,
-                              const std::string& unique) {
+/// Writes `first` and the "# " note lines to a temporary file next to `file` and renames it into
+/// place, so that a job reading the cache never sees half a file. False if it could not.
+inline bool write_entry_file(const std::filesystem::path& file, const std::string& first,
+                             const std::vector<std::string>& notes, const std::string& unique) {
   std::error_code ec;
   std::filesystem::create_directories(file.parent_path(), ec);
   const std::filesystem::path tmp = file.string() + ".tmp-" + unique;
   {
     std::ofstream out(tmp);
-    out << e.cap << " " << e.direct_bytes << "\n";
-    for (const auto& n : e.notes) out << "# " << n << "\n";
+    out << first << "\n";
+    for (const auto& n : notes) out << "# " << n << "\n";
     if (!out) {
       std::filesystem::remove(tmp, ec);
       return false;
@@ -237,6 +237,93 @@ inline bool write_cache_entry(const std::filesystem::path& file, const CacheEntr
   std::filesystem::rename(tmp, file, ec);
   if (ec) std::filesystem::remove(tmp, ec);
   return !ec;
+}
+
+inline bool write_cache_entry(const std::filesystem::path& file, const CacheEntry& e,
+                              const std::string& unique) {
+  return write_entry_file(file, std::to_string(e.cap) + " " + std::to_string(e.direct_bytes),
+                          e.notes, unique);
+}
+
+// ---- the messages' path across nodes (TD_HIERARCHICAL=auto) -----------------------------------
+
+/// The message sizes timed on both paths: a bucket of the size the tuner picks across hosts
+/// (256 KiB) and a large dict's message (4 MiB, the default max_message_bytes).
+inline constexpr std::array<std::size_t, 2> kPathSizes = {std::size_t{256} << 10,
+                                                          std::size_t{4} << 20};
+/// Node-aware is chosen only when it costs this much less than flat: a tie stays flat (fewer
+/// calls, no node communicators in the way).
+inline constexpr double kPathMargin = 0.05;
+
+/// One size's timings: per pass, the fastest MAX-over-ranks time (seconds) of one allreduce
+/// message flat and node-aware. Every rank holds the same values.
+struct PathTimings {
+  std::size_t bytes = 0;
+  std::vector<double> flat;
+  std::vector<double> node_aware;
+};
+
+/// What a path measurement decides.
+struct PathChoice {
+  bool node_aware = false;
+  double flat_cost = 0;  // the sum over sizes of the median time per byte
+  double node_cost = 0;
+  bool noisy = false;  // some pass alone would have decided the other way: do not cache
+};
+
+/// The sum over the sizes of the time per byte of one path: each size weighs the same, so a path
+/// must do well on buckets and on large messages both. `pass`: that pass's times (the median of
+/// every pass when none).
+inline double path_cost(const std::vector<PathTimings>& t, bool node_aware,
+                        std::optional<std::size_t> pass = std::nullopt) {
+  double cost = 0;
+  for (const PathTimings& s : t) {
+    const std::vector<double>& v = node_aware ? s.node_aware : s.flat;
+    const double time = !pass ? median(v) : *pass < v.size() ? v[*pass] : median(v);
+    cost += time / static_cast<double>(s.bytes);
+  }
+  return cost;
+}
+
+/// Node-aware when its cost is below (1 - kPathMargin) of flat's; noisy when some pass's own
+/// times would have chosen the other path.
+inline PathChoice choose_path(const std::vector<PathTimings>& t) {
+  PathChoice c;
+  if (t.empty()) return c;
+  c.flat_cost = path_cost(t, false);
+  c.node_cost = path_cost(t, true);
+  c.node_aware = c.node_cost < (1 - kPathMargin) * c.flat_cost;
+  std::size_t passes = 0;
+  for (const PathTimings& s : t) passes = std::max({passes, s.flat.size(), s.node_aware.size()});
+  for (std::size_t p = 0; p < passes && passes > 1; ++p)
+    if ((path_cost(t, true, p) < (1 - kPathMargin) * path_cost(t, false, p)) != c.node_aware)
+      c.noisy = true;
+  return c;
+}
+
+/// Names of the path files in the cache directory start with this.
+inline constexpr std::string_view kPathFilePrefix = "paths-";
+
+/// One path file: "node-aware" or "flat" on the first line, then "# " notes.
+struct PathEntry {
+  bool node_aware = false;
+  std::vector<std::string> notes;  // without the "# "
+};
+
+inline std::optional<PathEntry> read_path_entry(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  std::string first;
+  if (!std::getline(in, first) || (first != "node-aware" && first != "flat")) return std::nullopt;
+  PathEntry e;
+  e.node_aware = first == "node-aware";
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("# ", 0) == 0) e.notes.push_back(line.substr(2));
+  return e;
+}
+
+inline bool write_path_entry(const std::filesystem::path& file, const PathEntry& e,
+                             const std::string& unique) {
+  return write_entry_file(file, e.node_aware ? "node-aware" : "flat", e.notes, unique);
 }
 
 }  // namespace td::detail::autotune

@@ -230,6 +230,13 @@ DictLeaves dict_leaves(const TensorDict& d, bool with_cache = true);
 /// then cached.
 TunedBuckets tuned_buckets(GroupState& group, std::chrono::steady_clock::time_point deadline,
                            std::chrono::milliseconds timeout);
+/// Under TD_HIERARCHICAL=auto (the default), on a group that spans several nodes with more than
+/// one of its ranks on some node, the first all_reduce / reduce / broadcast chooses whether the
+/// group's messages go node-aware: from the cache, or timing one allreduce message of 256 KiB and
+/// of 4 MiB both ways (collective, bounded like tuned_buckets). True if it chose now (the caller
+/// then gives the call a fresh deadline); false if there was nothing to choose.
+bool choose_message_path(GroupState& group, std::chrono::steady_clock::time_point deadline,
+                         std::chrono::milliseconds timeout);
 /// The smallest cap the measurement chooses from: a dict of at most this many bytes is packed the
 /// same way by every candidate, and needs no measurement.
 std::size_t smallest_candidate_cap();

@@ -32,12 +32,11 @@ struct Config {
   std::size_t flight_recorder = 1024;  // TD_FLIGHT_RECORDER: calls kept in the ring (0: none)
   std::string flight_recorder_dir;     // TD_FLIGHT_RECORDER_DIR: where dumps go ("": none)
   std::chrono::milliseconds diagnosis{2000};  // TD_DIAGNOSIS_MS: wait for answers (0: no diagnosis)
-  // TD_HIERARCHICAL (1/0): all_reduce / reduce / broadcast node-aware or flat; unset: node-aware
-  // when a group spans several nodes and some node holds more than one of its ranks.
-  // TD_HIERARCHICAL: 0 flat (unset), 1 node-aware, 2 "auto" (node-aware on a group spanning
-  // several nodes with more than one of its ranks on some node), 3 "leaders" (node-aware through
-  // the nodes' first ranks only: no per-slice stages)
-  int hierarchical = 0;
+  // TD_HIERARCHICAL: 0 flat, 1 node-aware, 2 "auto" (unset: on a group spanning several nodes
+  // with more than one of its ranks on some node, the path its first all_reduce / reduce /
+  // broadcast measured faster, cached like the bucket size), 3 "leaders" (node-aware through the
+  // nodes' first ranks only: no per-slice stages)
+  int hierarchical = 2;
   // TD_TEST_RANKS_PER_NODE (for tests only): "3,1" puts world ranks 0-2 on one simulated node and
   // every further rank on a node of its own (the last size repeats); empty: the real nodes.
   std::vector<int> test_node_sizes;

@@ -48,6 +48,12 @@ struct NodeSplit {
   // complete, which happens in different orders on different ranks.
   std::atomic<std::uint64_t> drawn[3] = {0, 0, 0};
   std::atomic<std::uint64_t> posted[3] = {0, 0, 0};
+  // TD_HIERARCHICAL=auto (the default) on a group that spans several nodes with more than one of
+  // its ranks on some node: whether all_reduce / reduce / broadcast go node-aware, as measured (or
+  // read from the cache) by the group's first such call (choose_message_path); flat until then.
+  // A duplicate of the group starts with its choice.
+  std::atomic<bool> auto_node_aware{false};
+  std::atomic<bool> path_chosen{false};
 };
 
 /// Shared state of one process group: its communicator and what is cached per group.
@@ -94,9 +100,13 @@ struct GroupAccess {
 /// How many ranks of `comm` share this rank's memory (its host). Collective over `comm`.
 int ranks_on_this_host(MPI_Comm comm);
 
-/// Whether all_reduce / reduce / broadcast on `g` run node-aware: TD_HIERARCHICAL, else whether
-/// the group spans several nodes with more than one of its ranks on some node.
+/// Whether all_reduce / reduce / broadcast on `g` run node-aware: TD_HIERARCHICAL=1 or leaders;
+/// under auto (the default), whether the group spans several nodes with more than one of its ranks
+/// on some node and its first such call measured node-aware faster (NodeSplit::auto_node_aware).
 bool node_aware(const GroupState& g);
+/// Whether `g` needs its path measured: TD_HIERARCHICAL=auto, a group spanning several nodes with
+/// more than one of its ranks on some node, not chosen yet.
+bool path_to_choose(const GroupState& g);
 
 /// The group of a call's options (world() by default).
 std::shared_ptr<GroupState> group_of(const CollectiveOptions& opts);

@@ -25,6 +25,7 @@
 #include "runtime/mpi_types.hpp"
 #include "runtime/nbc_tuning.hpp"
 #include "runtime/progress.hpp"
+#include "tensordict/diagnostics.hpp"
 #include "tensordict/errors.hpp"
 
 namespace td {
@@ -64,14 +65,25 @@ int ranks_on_this_host(MPI_Comm comm) {
   return local_ranks;
 }
 
+namespace {
+// A group on which node-aware stages can differ from flat calls: several nodes, and more than one
+// of its ranks on some node.
+bool node_stages_apply(const GroupState& g) { return g.nodes.nodes > 1 && g.nodes.largest > 1; }
+}  // namespace
+
 bool node_aware(const GroupState& g) {
-  // Off unless asked (TD_HIERARCHICAL=1, leaders or auto): measured on the namespace cluster at
-  // 1 Gbit/s (docs/cluster.md, 2026-12-06), node-aware wins at 3 hosts x 2 ranks (a consolidated
-  // dict 306 vs 663 ms flat) but loses at 3 x 4 (419 vs 363 ms), in the Reducer at 2 x 2 (256 vs
-  // 231 ms) and for one tensor at 2 x 4 (294 vs 231 ms): no setting wins everywhere.
+  // TD_HIERARCHICAL=auto (the default) measures: on the namespace cluster at 1 Gbit/s
+  // (docs/cluster.md, 2026-12-06) node-aware won at 3 hosts x 2 ranks (a consolidated dict 306 vs
+  // 663 ms flat) but lost at 3 x 4 (419 vs 363 ms), in the Reducer at 2 x 2 (256 vs 231 ms) and
+  // for one tensor at 2 x 4 (294 vs 231 ms): no fixed rule wins everywhere.
   const int mode = config().hierarchical;
   if (mode != 2) return mode == 1 || mode == 3;
-  return g.nodes.nodes > 1 && g.nodes.largest > 1;
+  return node_stages_apply(g) && g.nodes.auto_node_aware.load(std::memory_order_relaxed);
+}
+
+bool path_to_choose(const GroupState& g) {
+  return config().hierarchical == 2 && node_stages_apply(g) &&
+         !g.nodes.path_chosen.load(std::memory_order_acquire);
 }
 
 MPI_Comm GroupState::checked_comm(std::string_view what) const {
@@ -233,6 +245,10 @@ std::shared_ptr<GroupState> make_group(MPI_Comm parent, MPI_Group members,
     g->tags.emplace(flag && tag_ub ? *tag_ub : 32767);
     g->comm = comm;
     split_by_node(*g);
+    if (from && from->world_ranks == g->world_ranks) {  // a duplicate: the same path
+      g->nodes.auto_node_aware.store(from->nodes.auto_node_aware.load());
+      g->nodes.path_chosen.store(from->nodes.path_chosen.load());
+    }
   }
   g->comm = comm;
   auto& groups = runtime().groups;
@@ -319,6 +335,11 @@ std::chrono::milliseconds timeout_of(const CollectiveOptions& opts) {
 }  // namespace detail
 
 using detail::runtime;
+
+bool runs_node_aware(const ProcessGroup& group) {
+  const auto& g = detail::GroupAccess::state(group);
+  return g->comm != MPI_COMM_NULL && !g->destroyed && detail::node_aware(*g);
+}
 
 ProcessGroup::ProcessGroup(std::shared_ptr<detail::GroupState> state) : state_(std::move(state)) {}
 int ProcessGroup::rank() const { return state_->rank; }

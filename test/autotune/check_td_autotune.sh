@@ -5,7 +5,8 @@
 #   the "auto buckets" line is printed once per job, by rank 0, not once per rank;
 #   a cached cap that is clearly wrong (1 KiB) fails its spot check and is measured again (under
 #   a sanitizer, where 1 KiB measures cheapest, the verdict must follow from the logged timings);
-#   node-aware (TD_HIERARCHICAL=1), the line names that path and the entry is the path's own.
+#   node-aware (TD_HIERARCHICAL=1), the line names that path and the entry is the path's own;
+#   across (simulated) nodes by default, the path is measured, cached, shown and read back.
 #   usage: test/autotune/check_td_autotune.sh <td-autotune> [mpiexec flags...]
 # Honours MPIEXEC.
 set -euo pipefail
@@ -140,6 +141,39 @@ grep -qF "(messages flat)" <<<"$(TD_AUTOTUNE_CACHE=0 "${mpi[@]}" -np 2 "$tool" c
 na_file=$(grep -oE "$TD_CACHE_DIR/buckets-[^ )]+" <<<"$out" | head -n 1)
 [[ -n $na_file && $na_file != "$file" ]] ||
   fail "node-aware measure: cache file '$na_file' is the flat one's ('$file')"
+
+step "the default across nodes: the messages' path measured, cached, shown, read back"
+# Two simulated nodes of two ranks, TD_HIERARCHICAL unset (auto): the first all_reduce times a
+# flat and a node-aware allreduce and says which it chose in one line of rank 0's; measure stores
+# the path entry (unless the timings were too noisy to keep), check then reads it from the cache.
+"$tool" clear >/dev/null
+status=0
+out=$(TD_TEST_RANKS_PER_NODE=2 "${mpi[@]}" -np 4 "$tool" measure 2>&1) || status=$?
+echo "$out"
+[[ $status -eq 0 || $status -eq 3 ]] || fail "path measure: exit status $status"
+lines=$(grep -E "\] messages (flat|node-aware) \(TD_HIERARCHICAL=auto, 2 nodes of 2\)" <<<"$out" || true)
+[[ $(grep -c . <<<"$lines") -eq 1 ]] || fail "expected one path line, got:"$'\n'"$lines"
+grep -q '^\[td rank 0 info\] messages' <<<"$lines" || fail "the path line is not rank 0's"
+grep -qE "per size, median flat / node-aware allreduce: 256 KiB: [0-9.]+ / [0-9.]+ ms; 4096 KiB" \
+  <<<"$lines" || fail "the path line has no figures"
+chose=$(grep -oE "messages (flat|node-aware)" <<<"$lines" | head -n 1)
+if grep -qF "cached in $TD_CACHE_DIR/paths-" <<<"$lines"; then
+  path_file=$(grep -oE "$TD_CACHE_DIR/paths-[^ )]+" <<<"$lines" | head -n 1)
+  shown=$("$tool" show)
+  echo "$shown"
+  grep -qF "$path_file" <<<"$shown" || fail "show does not list the path entry"
+  grep -qF "  $chose (TD_HIERARCHICAL=auto)" <<<"$shown" || fail "show: not '$chose'"
+  out=$(TD_TEST_RANKS_PER_NODE=2 "${mpi[@]}" -np 4 "$tool" check 2>&1)
+  echo "$out"
+  grep -qF "$chose (TD_HIERARCHICAL=auto, 2 nodes of 2): found in" <<<"$out" ||
+    fail "check: not the cached choice '$chose'"
+  grep -qF "from the cache $path_file" <<<"$out" || fail "check: the path was not read back"
+  "$tool" clear | grep -qE "removed [0-9]+ entr" || fail "clear: no report"
+  [[ ! -e $path_file ]] || fail "clear left the path entry"
+else
+  grep -qE "NOT cached: (the machine looks busy|[0-9] of 3 passes)" <<<"$lines" ||
+    fail "path measure: neither cached nor a reason why not"
+fi
 
 step "measure needs 2 ranks or more"
 status=0

@@ -1,5 +1,5 @@
-// The bucket-size tuner's decisions on given timings (src/comm/autotune_model.hpp): no MPI, no
-// clock.
+// The bucket-size tuner's and the path measurement's decisions on given timings
+// (src/comm/autotune_model.hpp): no MPI, no clock.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
@@ -167,5 +167,80 @@ TEST_CASE("cache entries: written whole, read back with their notes", "[autotune
   for (const auto& f : std::filesystem::directory_iterator(dir))
     leftovers += f.path().filename().string().find(".tmp-") != std::string::npos;
   CHECK(leftovers == 0);
+  std::filesystem::remove_all(dir);
+}
+
+namespace {
+
+// Path timings of three passes: per size, flat and node-aware times (seconds) scaled per pass by
+// 1 - jitter, 1, 1 + jitter; node-aware's times in pass `flip` (if any) times `flip_factor`.
+std::vector<autotune::PathTimings> path_timings(double flat_256k, double node_256k, double flat_4m,
+                                                double node_4m, double jitter = 0.0, int flip = -1,
+                                                double flip_factor = 1.0) {
+  std::vector<autotune::PathTimings> out = {{256 * KiB, {}, {}}, {4 * MiB, {}, {}}};
+  const double flat[2] = {flat_256k, flat_4m}, node[2] = {node_256k, node_4m};
+  for (int pass = 0; pass < 3; ++pass)
+    for (std::size_t i = 0; i < 2; ++i) {
+      const double wobble = 1 + jitter * (pass - 1);
+      out[i].flat.push_back(flat[i] * wobble);
+      out[i].node_aware.push_back(node[i] * wobble * (pass == flip ? flip_factor : 1.0));
+    }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("the messages' path: node-aware only when clearly cheaper over both sizes",
+          "[autotune]") {
+  // Faster at both sizes: node-aware, and the passes agree.
+  auto c = autotune::choose_path(path_timings(2e-3, 1.5e-3, 40e-3, 30e-3, 0.02));
+  CHECK(c.node_aware);
+  CHECK_FALSE(c.noisy);
+  CHECK(c.node_cost < c.flat_cost);
+  // Within the 5% margin: a tie stays flat.
+  c = autotune::choose_path(path_timings(2e-3, 1.95e-3, 40e-3, 39e-3));
+  CHECK_FALSE(c.node_aware);
+  // Cheaper for large messages but much dearer for buckets: each size weighs the same per byte
+  // (256 KiB 1.5x dearer, 4 MiB 0.9x: 1.17x flat's cost), so flat.
+  c = autotune::choose_path(path_timings(2e-3, 3e-3, 40e-3, 36e-3));
+  CHECK_FALSE(c.node_aware);
+  // The other way round, a clear gain on the large message outweighs a small loss on buckets.
+  c = autotune::choose_path(path_timings(2e-3, 2.1e-3, 40e-3, 20e-3));
+  CHECK(c.node_aware);
+  // Nothing measured: flat.
+  CHECK_FALSE(autotune::choose_path({}).node_aware);
+}
+
+TEST_CASE("the messages' path: a pass that alone would choose the other path is noise",
+          "[autotune]") {
+  // Node-aware 20% cheaper, but in pass 1 node-aware took 1.5x as long: that pass alone would
+  // have chosen flat. The median still chooses node-aware; the measurement is not to be cached.
+  const auto c = autotune::choose_path(path_timings(2e-3, 1.6e-3, 40e-3, 32e-3, 0.0, 1, 1.5));
+  CHECK(c.node_aware);
+  CHECK(c.noisy);
+  // A single pass cannot disagree with itself.
+  auto one = path_timings(2e-3, 1.6e-3, 40e-3, 32e-3);
+  for (auto& s : one) {
+    s.flat.resize(1);
+    s.node_aware.resize(1);
+  }
+  CHECK_FALSE(autotune::choose_path(one).noisy);
+}
+
+TEST_CASE("path entries: written whole, read back, anything else is no entry", "[autotune]") {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("td_path_model_" + std::to_string(::getpid()));
+  const auto file = dir / "paths-v1-4ranks-0123";
+  for (const bool node_aware : {true, false}) {
+    REQUIRE(autotune::write_path_entry(file, {node_aware, {"measured here", "figures"}}, "test"));
+    const auto e = autotune::read_path_entry(file);
+    REQUIRE(e);
+    CHECK(e->node_aware == node_aware);
+    CHECK(e->notes == std::vector<std::string>{"measured here", "figures"});
+  }
+  std::ofstream(file) << "65536 65536\n";  // a bucket entry is not a path entry
+  CHECK_FALSE(autotune::read_path_entry(file));
+  std::filesystem::remove(file);
+  CHECK_FALSE(autotune::read_path_entry(file));
   std::filesystem::remove_all(dir);
 }
