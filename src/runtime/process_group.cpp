@@ -245,7 +245,7 @@ std::shared_ptr<GroupState> make_group(MPI_Comm parent, MPI_Group members,
     g->tags.emplace(flag && tag_ub ? *tag_ub : 32767);
     g->comm = comm;
     split_by_node(*g);
-    if (from && from->world_ranks == g->world_ranks) {  // a duplicate: the same path
+    if (from && members == MPI_GROUP_NULL) {  // duplicate_group (the Reducer's): the same path
       g->nodes.auto_node_aware.store(from->nodes.auto_node_aware.load());
       g->nodes.path_chosen.store(from->nodes.path_chosen.load());
     }
