@@ -38,7 +38,7 @@ struct PackerStats {
 /// member): TD_HIERARCHICAL=1 or leaders; under auto (the default) on a group that spans several
 /// nodes with more than one of its ranks on some node, what the group's first such call measured
 /// faster (or found in the cache), flat before that call; false on a non-member
-/// (docs/configuration.md#node-aware-collectives).
+/// (docs/configuration.md, "Node-aware collectives").
 TD_API bool runs_node_aware(const ProcessGroup& group);
 
 /// The counters since the last reset_packer_stats() (this process only).

@@ -421,6 +421,7 @@ std::vector<autotune::PathTimings> time_paths(GroupState& g, int* passes) {
   auto buffer = std::make_unique<Storage>(top);
   std::memset(buffer->data, 0, top);  // zeros: sums stay finite; pages are touched
   std::vector<autotune::PathTimings> out;
+  out.reserve(autotune::kPathSizes.size());
   for (std::size_t n : autotune::kPathSizes) out.push_back({n, {}, {}});
   int pass = 0;
   for (; pass < kPasses && (pass == 0 || spent < budget); ++pass)
