@@ -35,6 +35,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -277,17 +278,36 @@ struct CacheFile {
   bool use = false;            // a directory, and TD_AUTOTUNE_CACHE on
 };
 
-// Rank 0's cached entry and its TD_AUTOTUNE_REFRESH, broadcast: {cached cap, direct bytes,
-// refresh}, the cap 0 when there is no entry to use. Collective.
-std::array<std::uint64_t, 3> shared_cache_entry(GroupState& g, const CacheFile& cache) {
-  std::array<std::uint64_t, 3> shared{0, 0, 0};
+// The cache file named `name` (a cache key: computed on every rank, since making one is
+// collective, whatever this rank's cache directory).
+CacheFile cache_file(const std::string& name) {
+  CacheFile cache;
+  cache.dir = autotune::cache_dir();
+  if (!cache.dir.empty()) cache.file = cache.dir / name;
+  cache.use = !cache.dir.empty() && config().autotune_cache;
+  return cache;
+}
+
+// Rank 0's cached entry (two numbers, read by `read` unless the cache is off or
+// TD_AUTOTUNE_REFRESH is set) and its TD_AUTOTUNE_REFRESH, broadcast. Collective.
+struct SharedEntry {
+  std::optional<std::array<std::uint64_t, 2>> entry;
+  bool refresh = false;
+};
+SharedEntry shared_cache_entry(
+    GroupState& g, const CacheFile& cache,
+    const std::function<std::optional<std::array<std::uint64_t, 2>>()>& read) {
+  std::array<std::uint64_t, 4> shared{0, 0, 0, 0};  // found, the two numbers, refresh
   if (g.rank == 0) {
-    shared[2] = config().autotune_refresh ? 1 : 0;
-    if (cache.use && shared[2] == 0)
-      if (auto c = autotune::read_cache_entry(cache.file)) shared = {c->cap, c->direct_bytes, 0};
+    shared[3] = config().autotune_refresh ? 1 : 0;
+    if (cache.use && shared[3] == 0)
+      if (auto e = read()) shared = {1, (*e)[0], (*e)[1], 0};
   }
-  post(control(bcast_call(shared.data(), 3, MPI_UINT64_T, 0, g.comm)), nullptr);
-  return shared;
+  post(control(bcast_call(shared.data(), 4, MPI_UINT64_T, 0, g.comm)), nullptr);
+  SharedEntry out;
+  if (shared[0] != 0) out.entry = {shared[1], shared[2]};
+  out.refresh = shared[3] != 0;
+  return out;
 }
 
 // Every pass's time of every size, at debug level; `what` says which measurement it was.
@@ -373,28 +393,29 @@ std::string cache_measured(GroupState& g, const autotune::Choice& c,
 // how it was found. Collective: every decision below is taken on values every rank shares
 // (rank 0's broadcast cache entry, MAX-over-ranks timings).
 std::pair<TunedBuckets, std::string> resolve(GroupState& g) {
-  CacheFile cache;
-  cache.dir = autotune::cache_dir();
-  const std::string key = cache_key(g);
-  if (!cache.dir.empty()) cache.file = cache.dir / key;
-  cache.use = !cache.dir.empty() && config().autotune_cache;
-  const std::array<std::uint64_t, 3> shared = shared_cache_entry(g, cache);
+  const CacheFile cache = cache_file(cache_key(g));
+  const SharedEntry shared =
+      shared_cache_entry(g, cache, [&]() -> std::optional<std::array<std::uint64_t, 2>> {
+        if (auto c = autotune::read_cache_entry(cache.file))
+          return std::array<std::uint64_t, 2>{c->cap, c->direct_bytes};
+        return std::nullopt;
+      });
 
   std::string story;
-  if (shared[0] > 0) {
-    const std::size_t cap = shared[0];
+  if (shared.entry) {
+    const std::size_t cap = (*shared.entry)[0];
     const auto spot = time_sizes(g, autotune::spot_check_sizes(cap), false);
     if (g.rank == 0) log_passes(spot, "spot check of the cached cap");
     const autotune::SpotCheck verdict = autotune::check_cached_cap(cap, spot);
     if (!verdict.off)
-      return {{cap, shared[1]},
+      return {{cap, (*shared.entry)[1]},
               fmt::format("from the cache {} (spot check against its neighbours: ok)",
                           cache.file.string())};
     story = fmt::format(
         "the cached cap {} ({}) is off: {} was {:.0f}% or more cheaper per byte in every pass of "
         "a spot check; measured again: ",
         kib(cap), cache.file.string(), kib(verdict.better_bytes), verdict.gain * 100);
-  } else if (shared[2] != 0) {
+  } else if (shared.refresh) {
     story = "TD_AUTOTUNE_REFRESH: cached entry ignored; ";
   }
 
@@ -452,20 +473,15 @@ std::string path_text(const std::vector<autotune::PathTimings>& t) {
 // cached entry, broadcast, or a measurement; returns node-aware or not with the words that say
 // how it was found. Collective: every decision is taken on values every rank shares.
 std::pair<bool, std::string> resolve_path(GroupState& g) {
-  CacheFile cache;
-  cache.dir = autotune::cache_dir();
-  if (!cache.dir.empty()) cache.file = cache.dir / path_cache_key(g);
-  cache.use = !cache.dir.empty() && config().autotune_cache;
-  // {entry found, node-aware, TD_AUTOTUNE_REFRESH}
-  std::array<std::uint64_t, 3> shared{0, 0, 0};
-  if (g.rank == 0) {
-    shared[2] = config().autotune_refresh ? 1 : 0;
-    if (cache.use && shared[2] == 0)
-      if (auto e = autotune::read_path_entry(cache.file)) shared = {1, e->node_aware ? 1u : 0u, 0};
-  }
-  post(control(bcast_call(shared.data(), 3, MPI_UINT64_T, 0, g.comm)), nullptr);
-  if (shared[0] != 0)
-    return {shared[1] != 0, fmt::format("from the cache {}", cache.file.string())};
+  const CacheFile cache = cache_file(path_cache_key(g));
+  const SharedEntry shared =
+      shared_cache_entry(g, cache, [&]() -> std::optional<std::array<std::uint64_t, 2>> {
+        if (auto e = autotune::read_path_entry(cache.file))
+          return std::array<std::uint64_t, 2>{e->node_aware ? 1u : 0u, 0};
+        return std::nullopt;
+      });
+  if (shared.entry)
+    return {(*shared.entry)[0] != 0, fmt::format("from the cache {}", cache.file.string())};
 
   int passes = 0;
   const auto timings = time_paths(g, &passes);
@@ -477,7 +493,7 @@ std::pair<bool, std::string> resolve_path(GroupState& g) {
   if (c.noisy) m.noise = fmt::format("the {} passes disagree on the faster path", passes);
   m.quality = fmt::format("{} passes agree; cost per byte node-aware / flat {:.2f}", passes,
                           c.flat_cost > 0 ? c.node_cost / c.flat_cost : 0.0);
-  std::string story = shared[2] != 0 ? "TD_AUTOTUNE_REFRESH: cached entry ignored; " : "";
+  std::string story = shared.refresh ? "TD_AUTOTUNE_REFRESH: cached entry ignored; " : "";
   story += cache_measured(g, m, cache, [&] {
     return autotune::write_path_entry(
         cache.file, {c.node_aware, cache_notes(g, m.quality, figures)}, std::to_string(getpid()));

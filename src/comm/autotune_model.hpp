@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <istream>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -209,12 +210,19 @@ struct CacheEntry {
   std::vector<std::string> notes;  // without the "# "
 };
 
+/// The "# " lines left in `in`, without the "# ".
+inline std::vector<std::string> read_notes(std::istream& in) {
+  std::vector<std::string> notes;
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("# ", 0) == 0) notes.push_back(line.substr(2));
+  return notes;
+}
+
 inline std::optional<CacheEntry> read_cache_entry(const std::filesystem::path& file) {
   std::ifstream in(file);
   CacheEntry e;
   if (!(in >> e.cap >> e.direct_bytes) || e.cap == 0 || e.direct_bytes == 0) return std::nullopt;
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("# ", 0) == 0) e.notes.push_back(line.substr(2));
+  e.notes = read_notes(in);
   return e;
 }
 
@@ -316,8 +324,7 @@ inline std::optional<PathEntry> read_path_entry(const std::filesystem::path& fil
   if (!std::getline(in, first) || (first != "node-aware" && first != "flat")) return std::nullopt;
   PathEntry e;
   e.node_aware = first == "node-aware";
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("# ", 0) == 0) e.notes.push_back(line.substr(2));
+  e.notes = read_notes(in);
   return e;
 }
 

@@ -45,5 +45,10 @@ _td_add_divergence_env_test(progress_thread.2ranks "TD_PROGRESS_THREAD=0" "-")
 _td_add_divergence_env_test(progress_thread.3ranks "-" "-" "TD_PROGRESS_THREAD=0")
 _td_add_divergence_env_test(timeout_ms.2ranks "-" "TD_TIMEOUT_MS=4000")
 _td_add_divergence_env_test(hierarchical.2ranks "TD_HIERARCHICAL=1" "-")
+# Rank 1 without a cache directory (HOME, XDG_CACHE_HOME and TD_CACHE_DIR unset) on 2+1 simulated
+# nodes: the default measures the path, and every rank must still make the cache key's collective
+# call (the results must be correct: no TD_* setting differs).
+_td_add_divergence_env_test(no_cache_dir.3ranks "TD_TEST_RANKS_PER_NODE=2"
+  "-u HOME -u XDG_CACHE_HOME -u TD_CACHE_DIR TD_TEST_RANKS_PER_NODE=2" "TD_TEST_RANKS_PER_NODE=2")
 # On 2+1 simulated nodes the default (auto) may measure node-aware; rank 1 forces flat.
 _td_add_divergence_env_test(hierarchical.3ranks "TD_TEST_RANKS_PER_NODE=2" "TD_TEST_RANKS_PER_NODE=2 TD_HIERARCHICAL=0" "TD_TEST_RANKS_PER_NODE=2")
