@@ -290,6 +290,44 @@ TEST_CASE("node-aware sync calls while async ones are in flight: every result ex
   }
 }
 
+// Where libnbc runs its ring (a job of 3-15 ranks across nodes; the .ring runs set it), the
+// stage between the nodes' first ranks of an async node-aware all_reduce goes, when small, as an
+// allgather and a reduction in rank order (GatheredAllreduce), as flat small async calls do: once
+// per message on each first rank, when there are 3 to 16 nodes. Counted by the difference between
+// a small call and a large one (64 KiB: the ring), which run the same control rounds.
+TEST_CASE("node-aware async: the small stage between the nodes is gathered under the ring",
+          "[hierarchical][ring]") {
+  const int rank = td::get_rank(), size = td::get_world_size();
+  const auto alg = env("OMPI_MCA_coll_libnbc_iallreduce_algorithm");
+  const std::vector<int> per_node = ranks_per_node(every_rank());
+  auto run = [&](std::int64_t n) {
+    Tensor i = make_input<std::int32_t>(ReduceOp::SUM, rank, {n});
+    Tensor f = Tensor::zeros({n}, DType::Float32);
+    for (std::int64_t k = 0; k < n; ++k)  // a sum whose float result depends on the order
+      f.data<float>()[k] = (rank % 2 == 0 ? 1.0e8f : -1.0e8f) +
+                           static_cast<float>(rank + 1) * 0.37f + static_cast<float>(k % 7);
+    const std::uint64_t before = td::packer_stats().gathered_allreduce_messages;
+    td::Work wi = td::all_reduce(i, ReduceOp::SUM, {.async_op = true});
+    td::Work wf = td::all_reduce(f, ReduceOp::SUM, {.async_op = true});
+    wi.wait();
+    wf.wait();
+    CHECK(reduction_error(i, ReduceOp::SUM, size).empty());
+    CHECK(same_bits_everywhere(f, MPI_COMM_WORLD));
+    return td::packer_stats().gathered_allreduce_messages - before;
+  };
+  const std::uint64_t small = run(64);       // 256 B
+  const std::uint64_t large = run(1 << 14);  // 64 KiB
+  const bool aware = world_node_aware();
+  const auto nodes = static_cast<int>(per_node.size());
+  const bool gathered = alg && *alg == "1" && aware && nodes >= 3 && nodes <= 16;
+  const auto mine = static_cast<int>(small - large);
+  int total = 0;
+  MPI_Allreduce(&mine, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  INFO(nodes << " nodes, node-aware " << aware << ", ring " << (alg && *alg == "1"));
+  CHECK((mine == 0 || mine == 2));  // two calls of one message each, on a first rank
+  CHECK(total == (gathered ? 2 * nodes : 0));
+}
+
 TEST_CASE("node-aware compressed all_reduce (BF16, FP16): one bit pattern, close to the sum",
           "[hierarchical]") {
   const int rank = td::get_rank(), size = td::get_world_size();

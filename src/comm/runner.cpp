@@ -352,12 +352,16 @@ struct NodeAwareTransfer {
   std::vector<std::pair<std::size_t, int>> messages;  // byte offset in ib.w, element count
   std::array<std::uint64_t, 3> first{};  // message 0's ticket in each stage (NodeSplit::posted)
   std::array<std::size_t, 3> next{};     // per stage, the next message to post
+  // Stage-1 allreduces of the last phase that went as a gather (GatheredAllreduce: small ones
+  // where libnbc runs its ring): reduced once that phase completed, before stage 2 reads them.
+  std::vector<std::shared_ptr<GatheredAllreduce>> gathered;
 };
 
 void advance_stages(const std::shared_ptr<NodeAwareTransfer>& t, WorkState& st) {
   NodeSplit& n = t->g->nodes;
   const std::size_t total = t->messages.size();
   const std::array<std::size_t, 3> done = t->next;  // a phase runs once all it posted completed
+  for (const auto& g : std::exchange(t->gathered, {})) g->reduce();
   for (int s = 2; s >= 0; --s) {
     const auto stage = static_cast<std::size_t>(s);
     const std::size_t limit = s == 0 ? std::min(total, done[0] + 1) : done[stage - 1];
@@ -366,8 +370,15 @@ void advance_stages(const std::shared_ptr<NodeAwareTransfer>& t, WorkState& st) 
       if (n.posted[stage].load(std::memory_order_acquire) != ticket)
         break;  // an earlier one's turn
       const auto [off, count] = t->messages[t->next[stage]];
-      if (auto c = node_stage(t->call, *t->g, s, t->ib.w + off, count, t->ib.wire))
-        post_into(st, *c, "node-aware stage");
+      if (auto c = node_stage(t->call, *t->g, s, t->ib.w + off, count, t->ib.wire)) {
+        if (auto gathered = GatheredAllreduce::for_call(*c)) {  // stage 1 of an all_reduce
+          post_into(st, gathered->gather(), "node-aware stage");
+          st.held.push_back(gathered);
+          t->gathered.push_back(std::move(gathered));
+        } else {
+          post_into(st, *c, "node-aware stage");
+        }
+      }
       ++t->next[stage];
       n.posted[stage].store(ticket + 1, std::memory_order_release);
     }
@@ -430,7 +441,7 @@ void WireBucket::post(const CollectiveCall& call, const std::shared_ptr<GroupSta
     }
     return start(call, *g, max_message, &st.requests);
   }
-  auto t = std::make_shared<NodeAwareTransfer>(NodeAwareTransfer{*this, call, g, {}, {}, {}});
+  auto t = std::make_shared<NodeAwareTransfer>(NodeAwareTransfer{*this, call, g, {}, {}, {}, {}});
   for_each_message(wire_bytes(), wire, max_message,
                    [&](std::size_t off, int n) { t->messages.emplace_back(off, n); });
   for (std::size_t s = 0; s < 3; ++s)
