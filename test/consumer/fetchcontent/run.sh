@@ -28,7 +28,9 @@ echo "== CMakeLists.txt (from docs/getting-started.md)"
 cat "$tmp/app/CMakeLists.txt"
 
 echo "== configure: fetch file://$src at $commit"
-"$cmake_cmd" -S "$tmp/app" -B "$tmp/build" -DCMAKE_BUILD_TYPE=Release \
+# No build type, as the commands docs/getting-started.md shows (unoptimised: 92 against 109 s
+# with Release here, for what this test checks: the fetch, the build and the link).
+"$cmake_cmd" -S "$tmp/app" -B "$tmp/build" \
   -DTENSORDICT_REPOSITORY="file://$src" -DTENSORDICT_VERSION="$commit"
 fetched=$(git -C "$tmp/build/_deps/tensordict-src" rev-parse HEAD)
 if [[ $fetched != "$commit" ]]; then
