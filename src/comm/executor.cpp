@@ -242,6 +242,15 @@ void post_into(WorkState& w, const DataCall& call, const char* phase) {
     w.receive_checks.push_back({w.requests.size() - 1, call.type, call.count, call.root, phase});
 }
 
+std::shared_ptr<GatheredAllreduce> post_gathered_into(WorkState& w, const DataCall& call,
+                                                      const char* phase) {
+  auto gathered = GatheredAllreduce::for_call(call);
+  if (!gathered) return nullptr;
+  post_into(w, gathered->gather(), phase);
+  w.held.push_back(gathered);
+  return gathered;
+}
+
 std::shared_ptr<GatheredAllreduce> GatheredAllreduce::for_call(const DataCall& call) {
   if (call.op != DataCall::Op::Allreduce || call.send != MPI_IN_PLACE || !libnbc_runs_ring())
     return nullptr;

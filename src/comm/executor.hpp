@@ -147,6 +147,12 @@ void wait_blocking(std::span<MPI_Request> requests);
 /// count checked when the phase completes (`phase` names it in the error).
 void post_into(WorkState& w, const DataCall& call, const char* phase = "data");
 
+/// Where `call` goes as a gather (GatheredAllreduce::for_call), posts the gather into `w`'s
+/// current phase, held by `w`, and returns it for the caller to reduce() once the phase
+/// completed; otherwise posts nothing and returns null.
+std::shared_ptr<GatheredAllreduce> post_gathered_into(WorkState& w, const DataCall& call,
+                                                      const char* phase = "data");
+
 // ---- blocking steps of a call, polled against its deadline ----------------------------------
 
 /// The calls of one step of an operation that runs on the caller's thread (transport, the

@@ -371,9 +371,7 @@ void advance_stages(const std::shared_ptr<NodeAwareTransfer>& t, WorkState& st) 
         break;  // an earlier one's turn
       const auto [off, count] = t->messages[t->next[stage]];
       if (auto c = node_stage(t->call, *t->g, s, t->ib.w + off, count, t->ib.wire)) {
-        if (auto gathered = GatheredAllreduce::for_call(*c)) {  // stage 1 of an all_reduce
-          post_into(st, gathered->gather(), "node-aware stage");
-          st.held.push_back(gathered);
+        if (auto gathered = post_gathered_into(st, *c, "node-aware stage")) {  // stage 1
           t->gathered.push_back(std::move(gathered));
         } else {
           post_into(st, *c, "node-aware stage");
@@ -432,9 +430,7 @@ void WireBucket::post(const CollectiveCall& call, const std::shared_ptr<GroupSta
       const DataCall whole =
           as_sent(call, allreduce_call(MPI_IN_PLACE, w, count, mpi_datatype(wire),
                                        mpi_op(call.op, wire), g->comm));
-      if (auto gathered = GatheredAllreduce::for_call(whole)) {
-        post_into(st, gathered->gather());
-        st.held.push_back(gathered);
+      if (auto gathered = post_gathered_into(st, whole)) {
         st.then = [gathered](WorkState&) { gathered->reduce(); };
         return;
       }
