@@ -120,14 +120,6 @@ TEST_CASE("async with the progress thread off still completes in wait()", "[asyn
   CHECK(holds_expected<float>(t, ReduceOp::SUM, size));
 }
 
-namespace {
-// Values whose float sum depends on the order of the additions.
-float order_sensitive(int rank, std::int64_t i) {
-  return (rank % 2 == 0 ? 1.0e8f : -1.0e8f) + static_cast<float>(rank + 1) * 0.37f +
-         static_cast<float>(i % 7);
-}
-}  // namespace
-
 // Where libnbc runs its ring (a job of 3, 5, 6, 7, 9... 15 ranks across nodes, or the variable set
 // as in the test_mpi_async.ring runs), a small nonblocking all_reduce runs as an allgather and a
 // reduction in rank order on every rank (comm/executor.hpp, GatheredAllreduce); a large one, as
