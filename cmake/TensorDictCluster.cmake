@@ -148,12 +148,7 @@ endif()
 # Faults across hosts (test/cluster/fault_across_hosts.sh documents the arguments): the
 # program's collectives time out after 3 s; the survivors must report within 12 s of a link
 # going down, and the job must end within 20 s of a host's ranks being killed.
-file(GLOB _td_cluster_programs CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/test/cluster/*.cpp")
-foreach(src IN LISTS _td_cluster_programs)
-  get_filename_component(name "${src}" NAME_WE)
-  add_executable(${name} "${src}")
-  target_link_libraries(${name} PRIVATE TensorDict::tensordict td_warnings)
-endforeach()
+td_add_test_programs("${PROJECT_SOURCE_DIR}/test/cluster/*.cpp")
 
 set(_td_fault "${PROJECT_SOURCE_DIR}/test/cluster/fault_across_hosts.sh")
 foreach(spec IN ITEMS

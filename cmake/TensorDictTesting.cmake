@@ -92,6 +92,17 @@ endforeach()
 target_compile_definitions(td_test_main_mpi PRIVATE TD_TEST_MPI)
 target_link_libraries(td_test_main_mpi PUBLIC TensorDict::tensordict)
 
+# A program per source file matching the file(GLOB) `pattern`, named after the file and linked to
+# the library, with its own main: the fault-injection and cross-host test programs.
+function(td_add_test_programs pattern)
+  file(GLOB sources CONFIGURE_DEPENDS "${pattern}")
+  foreach(src IN LISTS sources)
+    get_filename_component(name "${src}" NAME_WE)
+    add_executable(${name} "${src}")
+    target_link_libraries(${name} PRIVATE TensorDict::tensordict td_warnings)
+  endforeach()
+endfunction()
+
 function(_td_add_test_executable name kind)
   add_executable(${name} ${ARGN})
   target_link_libraries(${name} PRIVATE td_test_main_${kind} td_catch_impl TensorDict::tensordict

@@ -4,12 +4,7 @@
 # Fault injection: programs that time out, throw, or die on purpose. Each runs under mpiexec
 # through test/faults/expect_outcome.sh, which fails on a hang (its own time limit), on the
 # wrong exit status, or when the expected message is missing.
-file(GLOB td_fault_programs CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/test/faults/fault_*.cpp")
-foreach(src IN LISTS td_fault_programs)
-  get_filename_component(name "${src}" NAME_WE)
-  add_executable(${name} "${src}")
-  target_link_libraries(${name} PRIVATE TensorDict::tensordict td_warnings)
-endforeach()
+td_add_test_programs("${PROJECT_SOURCE_DIR}/test/faults/fault_*.cpp")
 function(td_add_fault_test name ranks seconds regex)
   add_test(NAME fault.${name}.${ranks}ranks
     COMMAND bash "${PROJECT_SOURCE_DIR}/test/faults/expect_outcome.sh" ${seconds} nonzero "${regex}" --
